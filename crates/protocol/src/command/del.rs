@@ -1,0 +1,22 @@
+use serde::{Deserialize, Serialize};
+
+use super::{encode_items, exact_args, key_arg};
+use crate::error::StoreError;
+
+/// `DEL key`: `:1` if deleted, `:0` if absent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Del {
+    #[serde(with = "serde_bytes")]
+    pub key: Vec<u8>,
+}
+
+impl Del {
+    pub(crate) fn parse(args: &[&[u8]]) -> Result<Del, StoreError> {
+        let [key] = exact_args(args)?;
+        Ok(Del { key: key_arg(key)? })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        encode_items(&[b"DEL", &self.key])
+    }
+}
