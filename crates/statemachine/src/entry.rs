@@ -1,0 +1,106 @@
+//! What goes into the replicated log, and what applying it yields.
+
+use serde::{Deserialize, Serialize};
+use statestore_protocol::topic::notification_topic;
+use statestore_protocol::{Hlc, Notification, Request, Response, StoreError};
+
+/// One log entry. Everything apply needs is in here or in the stored state, so every replica
+/// computes the same result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub operation: Operation,
+    /// The proposer's wall clock (ms since the epoch) when it proposed the entry. Apply judges
+    /// time by `max(this, the latest time already applied)`, so state-machine time never goes back.
+    pub wall_clock_ms: u64,
+}
+
+/// What an entry asks the state machine to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Operation {
+    /// A client request received over MQTT.
+    Request(ClientRequest),
+    /// The leader's sweeper found `key` past its deadline; delete it if its version is still
+    /// `version` (a later SET may have renewed it meanwhile).
+    Expire {
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+        version: Hlc,
+    },
+    /// Remove every KEYNOTIFY registration of a client (its session is gone).
+    DropRegistrations { client_id: String },
+    /// Notifications up to and including `through` were published: drop them from the outbox.
+    ConfirmNotifications { through: u64 },
+}
+
+/// A client request with the envelope facts apply needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientRequest {
+    pub request: Request,
+    /// `__srcId`, or the client id of a `clients/{id}/` response topic.
+    pub client_id: Option<String>,
+    /// Identifies the request for deduplication. `None` disables dedup for it.
+    pub identity: Option<RequestIdentity>,
+    /// The MQTT message expiry of the request in seconds: how long the client may retry it.
+    pub message_expiry_secs: Option<u32>,
+}
+
+/// (response topic, correlation data): the same pair again is the same request.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RequestIdentity {
+    pub response_topic: String,
+    #[serde(with = "serde_bytes")]
+    pub correlation_data: Vec<u8>,
+}
+
+/// The answer to a request: the RESP payload and the `__ts` to send with it, if any.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reply {
+    pub response: Response,
+    pub version: Option<Hlc>,
+}
+
+impl Reply {
+    pub fn new(response: Response, version: Option<Hlc>) -> Reply {
+        Reply { response, version }
+    }
+
+    pub fn error(error: StoreError) -> Reply {
+        Reply { response: Response::Error(error), version: None }
+    }
+}
+
+/// A notification for one registered client about one key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyNotification {
+    pub client_id: String,
+    #[serde(with = "serde_bytes")]
+    pub key: Vec<u8>,
+    pub notification: Notification,
+    /// The `__ts` of the notification: the key's new version, or the deletion's version.
+    pub version: Hlc,
+}
+
+impl KeyNotification {
+    /// The topic to publish on. Registration refuses keys whose topic would be too long, so this
+    /// is `Some` for every notification apply produces.
+    pub fn topic(&self) -> Option<String> {
+        notification_topic(&self.client_id, &self.key)
+    }
+}
+
+/// A notification with its place in the outbox; published in `seq` order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboxEntry {
+    pub seq: u64,
+    pub notification: KeyNotification,
+}
+
+/// The result of applying one entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    pub reply: Reply,
+    /// Notifications this entry produced, in the order they must be published.
+    pub notifications: Vec<OutboxEntry>,
+    /// The reply came from the dedup table: the request had been applied before.
+    pub deduplicated: bool,
+}

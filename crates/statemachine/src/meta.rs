@@ -1,0 +1,88 @@
+//! State-machine metadata in [`Table::Meta`]: the clock, the last issued version, counters.
+
+use statestore_protocol::Hlc;
+
+use crate::codec::{decode_u64, encode_u64, Reader, Writer};
+use crate::storage::{StorageError, StorageRead, Table, Txn};
+
+/// The node id of every version the store issues. One constant id for the whole cluster: the
+/// SDKs check that renewals keep the same node id (PROTOCOL.md §10.8).
+pub const VERSION_NODE_ID: &str = "statestore";
+
+const CLOCK: &[u8] = b"clock";
+const VERSION: &[u8] = b"version";
+const KEY_COUNT: &[u8] = b"key_count";
+const BYTE_COUNT: &[u8] = b"byte_count";
+const OUTBOX_NEXT: &[u8] = b"outbox_next";
+
+/// Meta keys the state machine owns; other layers sharing [`Table::Meta`] must not use them.
+pub const RESERVED_META_KEYS: [&[u8]; 5] = [CLOCK, VERSION, KEY_COUNT, BYTE_COUNT, OUTBOX_NEXT];
+
+fn read_u64(store: &(impl StorageRead + ?Sized), key: &[u8]) -> Result<u64, StorageError> {
+    store.get(Table::Meta, key)?.map_or(Ok(0), |v| decode_u64(Table::Meta, &v))
+}
+
+/// The latest time applied (ms since the epoch); 0 before the first entry.
+pub fn clock(store: &(impl StorageRead + ?Sized)) -> Result<u64, StorageError> {
+    read_u64(store, CLOCK)
+}
+
+/// Advances the state-machine clock to `wall_clock_ms` if it is later; returns the clock.
+pub(crate) fn advance_clock(txn: &mut impl Txn, wall_clock_ms: u64) -> Result<u64, StorageError> {
+    let current = clock(txn)?;
+    if wall_clock_ms > current {
+        txn.put(Table::Meta, CLOCK.to_vec(), encode_u64(wall_clock_ms));
+        return Ok(wall_clock_ms);
+    }
+    Ok(current)
+}
+
+/// The last version issued, or the zero clock before the first.
+pub fn last_version(store: &(impl StorageRead + ?Sized)) -> Result<Hlc, StorageError> {
+    match store.get(Table::Meta, VERSION)? {
+        None => Ok(Hlc::new(0, 0, VERSION_NODE_ID)),
+        Some(bytes) => {
+            let mut reader = Reader::new(Table::Meta, &bytes)?;
+            let version = reader.hlc()?;
+            reader.finish()?;
+            Ok(version)
+        }
+    }
+}
+
+/// Issues the next version: newer than every version before it and than the request's `__ts`.
+pub(crate) fn next_version(txn: &mut impl Txn, request: Option<&Hlc>, now: u64) -> Result<Hlc, StorageError> {
+    let version = last_version(txn)?.successor(request, now);
+    txn.put(Table::Meta, VERSION.to_vec(), Writer::new().hlc(&version).finish());
+    Ok(version)
+}
+
+/// Number of keys stored (including keys past their deadline not yet swept).
+pub fn key_count(store: &(impl StorageRead + ?Sized)) -> Result<u64, StorageError> {
+    read_u64(store, KEY_COUNT)
+}
+
+/// Sum of key and value lengths of the keys stored.
+pub fn byte_count(store: &(impl StorageRead + ?Sized)) -> Result<u64, StorageError> {
+    read_u64(store, BYTE_COUNT)
+}
+
+/// Adjusts the key and byte counters by a signed delta.
+pub(crate) fn add_usage(txn: &mut impl Txn, keys: i64, bytes: i64) -> Result<(), StorageError> {
+    let key_count = key_count(txn)?.saturating_add_signed(keys);
+    let byte_count = byte_count(txn)?.saturating_add_signed(bytes);
+    txn.put(Table::Meta, KEY_COUNT.to_vec(), encode_u64(key_count));
+    txn.put(Table::Meta, BYTE_COUNT.to_vec(), encode_u64(byte_count));
+    Ok(())
+}
+
+/// The sequence number the next notification will get.
+pub fn outbox_next(store: &(impl StorageRead + ?Sized)) -> Result<u64, StorageError> {
+    read_u64(store, OUTBOX_NEXT)
+}
+
+pub(crate) fn take_outbox_seq(txn: &mut impl Txn) -> Result<u64, StorageError> {
+    let seq = outbox_next(txn)?;
+    txn.put(Table::Meta, OUTBOX_NEXT.to_vec(), encode_u64(seq + 1));
+    Ok(seq)
+}

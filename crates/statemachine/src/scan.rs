@@ -1,0 +1,74 @@
+//! SCAN (PROTOCOL.md §13): pages of the live, UTF-8 keys matching a glob, in key order.
+//!
+//! The continuation token is the last key the page examined; the next page starts after it.
+//! Consistency across pages: each page is one consistent read; a key present and matching for
+//! the whole scan is returned exactly once; keys created or deleted during the scan may or may
+//! not appear.
+
+use serde_bytes::ByteBuf;
+use statestore_protocol::glob::Pattern;
+use statestore_protocol::{Response, Scan, StoreError};
+
+use crate::keyspace::KeyRecord;
+use crate::storage::{StorageError, StorageRead, Table};
+
+/// Page bounds of SCAN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanLimits {
+    /// At most this many keys per page.
+    pub page_keys: usize,
+    /// A page ends once its keys add up to this many bytes.
+    pub page_bytes: usize,
+    /// A page ends after examining this many stored keys, matching or not, so a sparse pattern
+    /// over a large store cannot make one request arbitrarily slow.
+    pub examine: usize,
+}
+
+impl Default for ScanLimits {
+    fn default() -> Self {
+        ScanLimits { page_keys: 100, page_bytes: 256 * 1024, examine: 10_000 }
+    }
+}
+
+const BATCH: usize = 128;
+
+pub(crate) fn scan(
+    store: &(impl StorageRead + ?Sized),
+    scan: &Scan,
+    now: u64,
+    limits: ScanLimits,
+) -> Result<Response, StorageError> {
+    let page = |keys: Vec<Vec<u8>>, token: Option<Vec<u8>>| Response::Keys {
+        keys: keys.into_iter().map(ByteBuf::from).collect(),
+        token: token.map(ByteBuf::from),
+    };
+    // A pattern that is not UTF-8 matches nothing (keys that are not UTF-8 are never listed).
+    let Ok(pattern) = std::str::from_utf8(&scan.pattern) else {
+        return Ok(page(Vec::new(), None));
+    };
+    let Ok(pattern) = Pattern::new(pattern) else {
+        return Ok(Response::Error(StoreError::SyntaxError));
+    };
+    let prefix = pattern.literal_prefix().into_bytes();
+    let mut cursor = scan.token.as_ref().map(|t| t.to_vec());
+    let (mut keys, mut bytes, mut examined) = (Vec::new(), 0usize, 0usize);
+    loop {
+        let batch = store.scan(Table::Keys, &prefix, cursor.as_deref(), BATCH)?;
+        let exhausted = batch.len() < BATCH;
+        for (key, record) in batch {
+            examined += 1;
+            if KeyRecord::decode(&record)?.is_live(now) && std::str::from_utf8(&key).is_ok_and(|k| pattern.matches(k)) {
+                bytes += key.len();
+                keys.push(key.clone());
+            }
+            cursor = Some(key);
+            if keys.len() >= limits.page_keys || bytes >= limits.page_bytes || examined >= limits.examine {
+                let more = !store.scan(Table::Keys, &prefix, cursor.as_deref(), 1)?.is_empty();
+                return Ok(page(keys, cursor.filter(|_| more)));
+            }
+        }
+        if exhausted {
+            return Ok(page(keys, None));
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! The storage the state machine runs over: a few ordered tables of byte keys, read by point
+//! lookups and prefix scans, written as one atomic batch per apply. RocksDB implements it with
+//! one column family per table; [`MemStorage`] implements it for tests.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+/// The tables of the replicated state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Table {
+    /// user key → value, version, fencing token, deadline.
+    Keys,
+    /// deadline (u64 BE) ++ user key → version: finds due keys in deadline order.
+    Expiry,
+    /// len(key) (u32 BE) ++ key ++ client id → (): who observes a key.
+    Watchers,
+    /// len(client id) (u32 BE) ++ client id ++ key → (): what a client observes.
+    WatchedKeys,
+    /// len(response topic) (u32 BE) ++ response topic ++ correlation data → stored reply.
+    Dedup,
+    /// retention deadline (u64 BE) ++ dedup key → (): purges the dedup table in order.
+    DedupExpiry,
+    /// sequence number (u64 BE) → a key notification not yet confirmed as published.
+    Outbox,
+    /// state-machine metadata: clock, last version, counters, outbox sequence.
+    Meta,
+}
+
+impl Table {
+    pub const ALL: [Table; 8] = [
+        Table::Keys,
+        Table::Expiry,
+        Table::Watchers,
+        Table::WatchedKeys,
+        Table::Dedup,
+        Table::DedupExpiry,
+        Table::Outbox,
+        Table::Meta,
+    ];
+
+    /// A stable name, e.g. for a RocksDB column family.
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Keys => "sm_keys",
+            Table::Expiry => "sm_expiry",
+            Table::Watchers => "sm_watchers",
+            Table::WatchedKeys => "sm_watched_keys",
+            Table::Dedup => "sm_dedup",
+            Table::DedupExpiry => "sm_dedup_expiry",
+            Table::Outbox => "sm_outbox",
+            Table::Meta => "sm_meta",
+        }
+    }
+}
+
+/// A failure of the storage below the state machine. Not a client error: the node cannot go on
+/// applying the log when it happens.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StorageError {
+    #[error("storage backend: {0}")]
+    Backend(String),
+    #[error("corrupt record in {table:?}: {detail}")]
+    Corrupt { table: Table, detail: &'static str },
+}
+
+/// One page of a prefix scan: `(key, value)` pairs in ascending key order.
+pub type ScanPage = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Point lookups and ordered prefix scans.
+pub trait StorageRead {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError>;
+
+    /// Up to `limit` entries of `table` whose key starts with `prefix` and is greater than
+    /// `after` (when given), in ascending key order.
+    fn scan(&self, table: Table, prefix: &[u8], after: Option<&[u8]>, limit: usize)
+        -> Result<ScanPage, StorageError>;
+}
+
+/// Reads that see the transaction's own writes, and the writes themselves.
+pub trait Txn: StorageRead {
+    fn put(&mut self, table: Table, key: Vec<u8>, value: Vec<u8>);
+    fn delete(&mut self, table: Table, key: Vec<u8>);
+}
+
+/// The writes of one apply, in key order, to be committed atomically. `None` deletes.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Batch {
+    pub writes: Vec<(Table, Vec<u8>, Option<Vec<u8>>)>,
+}
+
+/// Storage that can commit a [`Batch`] atomically.
+pub trait Storage: StorageRead {
+    fn write(&mut self, batch: Batch) -> Result<(), StorageError>;
+}
+
+/// The first key at or after which `prefix`/`after` entries begin in a map keyed by
+/// `(table, key)`: past `after` when it is inside or beyond the prefix range, else the prefix.
+fn lower_bound(table: Table, prefix: &[u8], after: Option<&[u8]>) -> Bound<(Table, Vec<u8>)> {
+    match after {
+        Some(after) if after >= prefix => Bound::Excluded((table, after.to_vec())),
+        _ => Bound::Included((table, prefix.to_vec())),
+    }
+}
+
+/// Entries of `map` in `table` with `prefix`, after `after`, in order.
+fn range<'m, V>(
+    map: &'m BTreeMap<(Table, Vec<u8>), V>,
+    table: Table,
+    prefix: &'m [u8],
+    after: Option<&[u8]>,
+) -> impl Iterator<Item = (&'m Vec<u8>, &'m V)> + 'm {
+    map.range((lower_bound(table, prefix, after), Bound::Unbounded))
+        .take_while(move |((t, key), _)| *t == table && key.starts_with(prefix))
+        .map(|((_, key), value)| (key, value))
+}
+
+/// A transaction over a read-only base: buffers writes in memory and serves reads from them
+/// first, so later entries of one apply batch see earlier ones.
+pub struct Overlay<'a, S: StorageRead + ?Sized> {
+    base: &'a S,
+    writes: BTreeMap<(Table, Vec<u8>), Option<Vec<u8>>>,
+}
+
+impl<'a, S: StorageRead + ?Sized> Overlay<'a, S> {
+    pub fn new(base: &'a S) -> Self {
+        Overlay { base, writes: BTreeMap::new() }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+
+    /// The buffered writes, ready to commit.
+    pub fn into_batch(self) -> Batch {
+        Batch { writes: self.writes.into_iter().map(|((table, key), value)| (table, key, value)).collect() }
+    }
+}
+
+impl<S: StorageRead + ?Sized> StorageRead for Overlay<'_, S> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        match self.writes.get(&(table, key.to_vec())) {
+            Some(write) => Ok(write.clone()),
+            None => self.base.get(table, key),
+        }
+    }
+
+    fn scan(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<ScanPage, StorageError> {
+        let mut out = Vec::new();
+        let mut cursor = after.map(<[u8]>::to_vec);
+        while out.len() < limit {
+            // A page of the base; the buffered writes up to its last key override it.
+            let base = self.base.scan(table, prefix, cursor.as_deref(), limit)?;
+            let base_exhausted = base.len() < limit;
+            let upper = if base_exhausted { None } else { base.last().map(|(k, _)| k.clone()) };
+            let buffered = range(&self.writes, table, prefix, cursor.as_deref())
+                .take_while(|(key, _)| upper.as_ref().is_none_or(|upper| *key <= upper));
+            let mut base = base.into_iter().peekable();
+            let mut buffered = buffered.peekable();
+            loop {
+                let take_base = match (base.peek(), buffered.peek()) {
+                    (None, None) => break,
+                    (Some(_), None) => true,
+                    (None, Some(_)) => false,
+                    (Some((b, _)), Some((w, _))) => {
+                        if b == *w {
+                            base.next(); // the buffered write replaces it
+                            false
+                        } else {
+                            b < *w
+                        }
+                    }
+                };
+                let entry = if take_base {
+                    base.next()
+                } else {
+                    buffered.next().and_then(|(key, value)| value.clone().map(|value| (key.clone(), value)))
+                };
+                if let Some(entry) = entry {
+                    out.push(entry);
+                    if out.len() == limit {
+                        return Ok(out);
+                    }
+                }
+            }
+            if base_exhausted {
+                break;
+            }
+            cursor = upper;
+        }
+        Ok(out)
+    }
+}
+
+impl<S: StorageRead + ?Sized> Txn for Overlay<'_, S> {
+    fn put(&mut self, table: Table, key: Vec<u8>, value: Vec<u8>) {
+        self.writes.insert((table, key), Some(value));
+    }
+
+    fn delete(&mut self, table: Table, key: Vec<u8>) {
+        self.writes.insert((table, key), None);
+    }
+}
+
+/// Storage in a `BTreeMap`, for tests and benchmarks.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct MemStorage {
+    entries: BTreeMap<(Table, Vec<u8>), Vec<u8>>,
+}
+
+impl MemStorage {
+    pub fn new() -> Self {
+        MemStorage::default()
+    }
+
+    /// Number of entries in `table`.
+    pub fn len(&self, table: Table) -> usize {
+        range(&self.entries, table, &[], None).count()
+    }
+}
+
+impl StorageRead for MemStorage {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.entries.get(&(table, key.to_vec())).cloned())
+    }
+
+    fn scan(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<ScanPage, StorageError> {
+        Ok(range(&self.entries, table, prefix, after).take(limit).map(|(k, v)| (k.clone(), v.clone())).collect())
+    }
+}
+
+impl Storage for MemStorage {
+    fn write(&mut self, batch: Batch) -> Result<(), StorageError> {
+        for (table, key, value) in batch.writes {
+            match value {
+                Some(value) => self.entries.insert((table, key), value),
+                None => self.entries.remove(&(table, key)),
+            };
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scan_respects_prefix_after_and_limit() {
+        let mut mem = MemStorage::new();
+        let mut batch = Batch::default();
+        for key in [&b"a"[..], b"ab", b"abc", b"abd", b"b"] {
+            batch.writes.push((Table::Keys, key.to_vec(), Some(key.to_vec())));
+        }
+        batch.writes.push((Table::Meta, b"ab".to_vec(), Some(vec![])));
+        mem.write(batch).unwrap();
+        let keys = |page: ScanPage| page.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+        assert_eq!(keys(mem.scan(Table::Keys, b"ab", None, 10).unwrap()), [b"ab".to_vec(), b"abc".to_vec(), b"abd".to_vec()]);
+        assert_eq!(keys(mem.scan(Table::Keys, b"ab", Some(b"abc"), 10).unwrap()), [b"abd".to_vec()]);
+        assert_eq!(keys(mem.scan(Table::Keys, b"ab", Some(b"a"), 1).unwrap()), [b"ab".to_vec()]);
+        assert_eq!(keys(mem.scan(Table::Keys, b"", Some(b"abd"), 10).unwrap()), [b"b".to_vec()]);
+        assert_eq!(mem.len(Table::Keys), 5);
+        assert_eq!(mem.len(Table::Meta), 1);
+    }
+
+    #[test]
+    fn overlay_reads_its_own_writes() {
+        let mut mem = MemStorage::new();
+        mem.write(Batch { writes: vec![(Table::Keys, b"k".to_vec(), Some(b"old".to_vec()))] }).unwrap();
+        let mut overlay = Overlay::new(&mem);
+        overlay.put(Table::Keys, b"k".to_vec(), b"new".to_vec());
+        overlay.put(Table::Keys, b"j".to_vec(), b"j".to_vec());
+        assert_eq!(overlay.get(Table::Keys, b"k").unwrap(), Some(b"new".to_vec()));
+        overlay.delete(Table::Keys, b"k".to_vec());
+        assert_eq!(overlay.get(Table::Keys, b"k").unwrap(), None);
+        assert_eq!(overlay.scan(Table::Keys, b"", None, 10).unwrap(), vec![(b"j".to_vec(), b"j".to_vec())]);
+        let batch = overlay.into_batch();
+        mem.write(batch).unwrap();
+        assert_eq!(mem.get(Table::Keys, b"k").unwrap(), None);
+        assert_eq!(mem.get(Table::Keys, b"j").unwrap(), Some(b"j".to_vec()));
+    }
+}
