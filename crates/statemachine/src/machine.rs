@@ -1,7 +1,9 @@
 //! Applying log entries: the semantics of every command (PROTOCOL.md §6, §7, §9–§11).
 
 use statestore_protocol::topic::{notification_topic_len, MAX_TOPIC_LEN};
-use statestore_protocol::{Command, Get, Hlc, KeyNotify, Notification, Request, Response, Set, SetCondition, StoreError};
+use statestore_protocol::{
+    Command, Get, Hlc, KeyNotify, Notification, Request, Response, Set, SetCondition, StoreError,
+};
 
 use crate::entry::{Applied, ClientRequest, Entry, Operation, OutboxEntry, Reply};
 use crate::keyspace::{self, KeyRecord};

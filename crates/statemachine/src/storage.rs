@@ -72,8 +72,7 @@ pub trait StorageRead {
 
     /// Up to `limit` entries of `table` whose key starts with `prefix` and is greater than
     /// `after` (when given), in ascending key order.
-    fn scan(&self, table: Table, prefix: &[u8], after: Option<&[u8]>, limit: usize)
-        -> Result<ScanPage, StorageError>;
+    fn scan(&self, table: Table, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Result<ScanPage, StorageError>;
 }
 
 /// Reads that see the transaction's own writes, and the writes themselves.
@@ -144,13 +143,7 @@ impl<S: StorageRead + ?Sized> StorageRead for Overlay<'_, S> {
         }
     }
 
-    fn scan(
-        &self,
-        table: Table,
-        prefix: &[u8],
-        after: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<ScanPage, StorageError> {
+    fn scan(&self, table: Table, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Result<ScanPage, StorageError> {
         let mut out = Vec::new();
         let mut cursor = after.map(<[u8]>::to_vec);
         while out.len() < limit {
@@ -229,13 +222,7 @@ impl StorageRead for MemStorage {
         Ok(self.entries.get(&(table, key.to_vec())).cloned())
     }
 
-    fn scan(
-        &self,
-        table: Table,
-        prefix: &[u8],
-        after: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<ScanPage, StorageError> {
+    fn scan(&self, table: Table, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Result<ScanPage, StorageError> {
         Ok(range(&self.entries, table, prefix, after).take(limit).map(|(k, v)| (k.clone(), v.clone())).collect())
     }
 }
@@ -266,7 +253,10 @@ mod tests {
         batch.writes.push((Table::Meta, b"ab".to_vec(), Some(vec![])));
         mem.write(batch).unwrap();
         let keys = |page: ScanPage| page.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
-        assert_eq!(keys(mem.scan(Table::Keys, b"ab", None, 10).unwrap()), [b"ab".to_vec(), b"abc".to_vec(), b"abd".to_vec()]);
+        assert_eq!(
+            keys(mem.scan(Table::Keys, b"ab", None, 10).unwrap()),
+            [b"ab".to_vec(), b"abc".to_vec(), b"abd".to_vec()]
+        );
         assert_eq!(keys(mem.scan(Table::Keys, b"ab", Some(b"abc"), 10).unwrap()), [b"abd".to_vec()]);
         assert_eq!(keys(mem.scan(Table::Keys, b"ab", Some(b"a"), 1).unwrap()), [b"ab".to_vec()]);
         assert_eq!(keys(mem.scan(Table::Keys, b"", Some(b"abd"), 10).unwrap()), [b"b".to_vec()]);

@@ -185,7 +185,10 @@ fn a_newer_token_replaces_the_stored_one_an_equal_or_older_does_not() {
     ok(&h.send(&mut c, set("k", "e"), Some(&t2)));
     // Node ids break ties, as Go and .NET compare them.
     let same_tick_lower_node = Hlc::new(20, 0, "a");
-    assert_eq!(error(&h.send(&mut c, set("k", "f"), Some(&same_tick_lower_node))), StoreError::FencingTokenLowerVersion);
+    assert_eq!(
+        error(&h.send(&mut c, set("k", "f"), Some(&same_tick_lower_node))),
+        StoreError::FencingTokenLowerVersion
+    );
 }
 
 #[test]
@@ -328,10 +331,10 @@ fn a_write_to_an_expired_key_first_reports_the_expiry() {
     let applied = h.send(&mut c, nx("k", "new"), None);
     ok(&applied);
     let n = notified(&applied);
-    assert_eq!(n.iter().map(|n| n.notification.clone()).collect::<Vec<_>>(), vec![
-        Notification::Delete,
-        Notification::Set { value: b"new".to_vec() }
-    ]);
+    assert_eq!(
+        n.iter().map(|n| n.notification.clone()).collect::<Vec<_>>(),
+        vec![Notification::Delete, Notification::Set { value: b"new".to_vec() }]
+    );
     assert!(n[0].version < n[1].version);
 }
 
@@ -392,11 +395,14 @@ fn notifications_follow_registration_in_order() {
     for command in script.into_iter().chain([set("k", "v4"), del("k")]) {
         seen.extend(notified(&h.send(&mut c, command, None)).into_iter().map(|n| n.notification));
     }
-    assert_eq!(seen, vec![
-        Notification::Set { value: b"v2".to_vec() },
-        Notification::Delete,
-        Notification::Set { value: b"v3".to_vec() },
-    ]);
+    assert_eq!(
+        seen,
+        vec![
+            Notification::Set { value: b"v2".to_vec() },
+            Notification::Delete,
+            Notification::Set { value: b"v3".to_vec() },
+        ]
+    );
 }
 
 #[test]
