@@ -1,1 +1,84 @@
-fn main() {}
+//! Micro-benchmarks of the pure core: parsing requests, encoding replies, and applying entries
+//! to in-memory storage. They show where the time of one request goes before any I/O.
+//!
+//! Run: `cargo bench -p statestore-benches --bench core`
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use statestore_protocol::{Command, Get, Hlc, Request, Response, Set, SetCondition};
+use statestore_statemachine::{ClientRequest, Entry, MemStorage, Operation, RequestIdentity, StateMachine};
+
+const T0: u64 = 1_795_306_435_000;
+
+fn set_entry(i: u64, value_len: usize) -> Entry {
+    let command = Command::Set(Set {
+        key: format!("key{:06}", i % 10_000).into_bytes(),
+        value: vec![b'v'; value_len],
+        condition: SetCondition::Always,
+        expiry_ms: (i % 3 == 0).then_some(60_000),
+    });
+    Entry {
+        operation: Operation::Request(ClientRequest {
+            request: Request { command, timestamp: Some(Hlc::new(T0 + i, 0, "client")), fencing_token: None },
+            client_id: Some("client".into()),
+            identity: Some(RequestIdentity {
+                response_topic: "clients/client/services/statestore/response".into(),
+                correlation_data: i.to_be_bytes().to_vec(),
+            }),
+            message_expiry_secs: Some(10),
+        }),
+        wall_clock_ms: T0 + i,
+    }
+}
+
+fn protocol(c: &mut Criterion) {
+    let mut group = c.benchmark_group("protocol");
+    let set = Command::Set(Set::new(b"sensor/temperature/1".to_vec(), vec![b'x'; 256])).encode();
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("parse SET 256 B", |b| b.iter(|| Command::parse(std::hint::black_box(&set)).unwrap()));
+    let big = Command::Set(Set::new(b"k".to_vec(), vec![b'x'; 1 << 20])).encode();
+    group.bench_function("parse SET 1 MiB", |b| b.iter(|| Command::parse(std::hint::black_box(&big)).unwrap()));
+    let reply = Response::Value(vec![b'x'; 256]);
+    group.bench_function("encode GET reply 256 B", |b| b.iter(|| std::hint::black_box(&reply).encode()));
+    let ts = "001795306435997:00000:32b43965-5c9d-4ae8-8610-8cee895af592";
+    group.bench_function("parse HLC", |b| b.iter(|| std::hint::black_box(ts).parse::<Hlc>().unwrap()));
+    group.finish();
+}
+
+fn state_machine(c: &mut Criterion) {
+    let machine = StateMachine::default();
+    let mut group = c.benchmark_group("state machine");
+    // A store with 10k keys, as a base for every measurement.
+    let mut base = MemStorage::new();
+    let warmup: Vec<Entry> = (0..10_000).map(|i| set_entry(i, 64)).collect();
+    machine.apply_all(&mut base, &warmup).unwrap();
+
+    for batch in [1usize, 64] {
+        group.throughput(Throughput::Elements(batch as u64));
+        group.bench_function(format!("apply SET, batches of {batch}"), |b| {
+            let mut i = 20_000u64;
+            b.iter_batched(
+                || {
+                    let entries: Vec<Entry> = (0..batch as u64).map(|n| set_entry(i + n, 64)).collect();
+                    i += batch as u64;
+                    (base.clone(), entries)
+                },
+                |(mut store, entries)| {
+                    let applied = machine.apply_all(&mut store, &entries).unwrap();
+                    // Returned, so the store is dropped outside the measurement.
+                    (store, applied)
+                },
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    group.throughput(Throughput::Elements(1));
+    let get =
+        Request { command: Command::Get(Get { key: b"key004242".to_vec() }), timestamp: None, fencing_token: None };
+    group.bench_function("GET hit (read path)", |b| b.iter(|| machine.read(&base, &get, T0 + 20_000).unwrap()));
+    let scan = Request::parse(&statestore_protocol::encode_bulk_array(&[&b"SCAN"[..], b"key00*"]), None, None).unwrap();
+    group.bench_function("SCAN page of 100 keys", |b| b.iter(|| machine.read(&base, &scan, T0 + 20_000).unwrap()));
+    group.finish();
+}
+
+criterion_group!(benches, protocol, state_machine);
+criterion_main!(benches);

@@ -1,1 +1,1 @@
-//! Shared helpers of the benchmarks.
+//! Benchmarks of the state store; the targets live in `benches/`.

@@ -43,6 +43,14 @@ pub(crate) fn remember(
 /// Forgets up to `limit` entries whose retention ended at or before `now`, oldest first.
 pub(crate) fn purge(txn: &mut impl Txn, now: u64, limit: usize) -> Result<usize, StorageError> {
     let mut purged = 0;
+    // Usually nothing is due: look at the oldest entry before reading a whole page.
+    let oldest = txn.scan(Table::DedupExpiry, &[], None, 1)?;
+    if oldest
+        .first()
+        .is_none_or(|(index_key, _)| split_timed_key(Table::DedupExpiry, index_key).is_ok_and(|(t, _)| t > now))
+    {
+        return Ok(0);
+    }
     for (index_key, _) in txn.scan(Table::DedupExpiry, &[], None, limit)? {
         let (retain_until, key) = split_timed_key(Table::DedupExpiry, &index_key)?;
         if retain_until > now {

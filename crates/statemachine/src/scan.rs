@@ -42,10 +42,14 @@ pub(crate) fn scan(
         keys: keys.into_iter().map(ByteBuf::from).collect(),
         token: token.map(ByteBuf::from),
     };
-    // A pattern that is not UTF-8 matches nothing (keys that are not UTF-8 are never listed).
+    // A pattern that is not UTF-8 matches nothing (keys that are not UTF-8 are never listed);
+    // neither does an empty one (keys are never empty).
     let Ok(pattern) = std::str::from_utf8(&scan.pattern) else {
         return Ok(page(Vec::new(), None));
     };
+    if pattern.is_empty() {
+        return Ok(page(Vec::new(), None));
+    }
     let Ok(pattern) = Pattern::new(pattern) else {
         return Ok(Response::Error(StoreError::SyntaxError));
     };

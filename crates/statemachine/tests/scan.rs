@@ -59,6 +59,7 @@ fn glob_semantics_over_the_whole_key() {
     assert_eq!(all("k[*]"), ["k*"], "a class escapes a metacharacter");
     assert_eq!(all("x[^]y"), ["x^y"], "^ is a member, not negation");
     assert_eq!(all("nothing*"), Vec::<String>::new(), "no match is an empty final page");
+    assert_eq!(h.read(scan("", None)).response.encode(), b"*1\r\n*0\r\n", "an empty pattern matches nothing");
 }
 
 #[test]
