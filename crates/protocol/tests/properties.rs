@@ -45,8 +45,14 @@ fn response() -> impl Strategy<Value = Response> {
     ]
 }
 
+/// `default_cases` cases, or `PROPTEST_CASES` when set.
+fn config(default_cases: u32) -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(default_cases);
+    ProptestConfig { cases, ..ProptestConfig::default() }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #![proptest_config(config(2000))]
 
     #[test]
     fn encode_then_parse_is_identity(command in command()) {
@@ -132,12 +138,16 @@ proptest! {
         prop_assert!(next.timestamp >= now);
     }
 
-    /// Our glob agrees with the `glob` crate on every pattern that crate accepts.
+    /// Our glob agrees with the `glob` crate on every pattern that crate accepts, except those with
+    /// `**`, which that crate gives path semantics (`**/` matches zero directories) and we do not.
     #[test]
     fn glob_agrees_with_the_glob_crate(
         pattern in "[ab*?\\[\\]!^/-]{0,8}",
         key in "[ab/^\\-\\]!*]{0,8}",
     ) {
+        if pattern.contains("**") {
+            return Ok(());
+        }
         if let Ok(oracle) = glob::Pattern::new(&pattern) {
             let ours = Pattern::new(&pattern);
             prop_assert!(ours.is_ok(), "we refused {:?}", pattern);

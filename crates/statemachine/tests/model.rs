@@ -275,8 +275,14 @@ fn notes(applied: &Applied) -> Vec<Note> {
         .collect()
 }
 
+/// `default_cases` cases, or `PROPTEST_CASES` when set.
+fn config(default_cases: u32) -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(default_cases);
+    ProptestConfig { cases, ..ProptestConfig::default() }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    #![proptest_config(config(400))]
 
     #[test]
     fn state_machine_matches_the_model(steps in prop::collection::vec(step(), 1..80)) {

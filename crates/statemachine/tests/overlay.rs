@@ -14,8 +14,14 @@ fn table() -> impl Strategy<Value = Table> {
     prop::sample::select(vec![Table::Keys, Table::Expiry, Table::Meta])
 }
 
+/// `default_cases` cases, or `PROPTEST_CASES` when set.
+fn config(default_cases: u32) -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(default_cases);
+    ProptestConfig { cases, ..ProptestConfig::default() }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(1000))]
+    #![proptest_config(config(1000))]
 
     #[test]
     fn overlay_scans_equal_committed_scans(
