@@ -39,9 +39,9 @@ pub(crate) fn unregister(txn: &mut impl Txn, client_id: &str, key: &[u8]) -> Res
 pub(crate) fn unregister_client(txn: &mut impl Txn, client_id: &str) -> Result<u64, StorageError> {
     let prefix = length_prefix(client_id.as_bytes());
     let mut removed = 0;
+    let mut after: Option<Vec<u8>> = None;
     loop {
-        // Deleted entries vanish from the overlay's scans, so each page starts from the front.
-        let page = txn.scan(Table::WatchedKeys, &prefix, None, PAGE)?;
+        let page = txn.scan(Table::WatchedKeys, &prefix, after.as_deref(), PAGE)?;
         for (by_client, _) in &page {
             let (_, key) = split_pair_key(Table::WatchedKeys, by_client)?;
             txn.delete(Table::Watchers, pair_key(key, client_id.as_bytes()));
@@ -51,6 +51,7 @@ pub(crate) fn unregister_client(txn: &mut impl Txn, client_id: &str) -> Result<u
         if page.len() < PAGE {
             return Ok(removed);
         }
+        after = page.last().map(|(k, _)| k.clone());
     }
 }
 
@@ -141,8 +142,9 @@ pub fn pending_notifications(
 /// Drops confirmed notifications up to and including `through`; returns how many.
 pub(crate) fn confirm(txn: &mut impl Txn, through: u64) -> Result<u64, StorageError> {
     let mut removed = 0;
+    let mut after: Option<Vec<u8>> = None;
     loop {
-        let page = txn.scan(Table::Outbox, &[], None, PAGE)?;
+        let page = txn.scan(Table::Outbox, &[], after.as_deref(), PAGE)?;
         for (seq_key, _) in &page {
             if split_timed_key(Table::Outbox, seq_key)?.0 > through {
                 return Ok(removed);
@@ -153,5 +155,6 @@ pub(crate) fn confirm(txn: &mut impl Txn, through: u64) -> Result<u64, StorageEr
         if page.len() < PAGE {
             return Ok(removed);
         }
+        after = page.last().map(|(k, _)| k.clone());
     }
 }

@@ -561,3 +561,20 @@ impl Harness {
         statestore_statemachine::keyspace::due_keys(&self.store, now, 100).unwrap().into_iter().map(|d| d.key).collect()
     }
 }
+
+#[test]
+fn large_registration_drops_and_confirmations_cross_many_pages() {
+    use statestore_statemachine::watch::pending_notifications;
+    let (mut h, mut c) = (Harness::new(), Client::new("c"));
+    for i in 0..600 {
+        watched(&h.send(&mut c, watch(&format!("k{i}")), None));
+    }
+    for i in 0..600 {
+        ok(&h.send(&mut c, set(&format!("k{i}"), "v"), None));
+    }
+    assert_eq!(pending_notifications(&h.store, None, 10_000).unwrap().len(), 600);
+    assert_eq!(int(&h.apply(Operation::ConfirmNotifications { through: 549 })), 550);
+    assert_eq!(pending_notifications(&h.store, None, 10_000).unwrap().len(), 50);
+    assert_eq!(int(&h.apply(Operation::DropRegistrations { client_id: "c".into() })), 600);
+    assert!(h.send(&mut c, set("k1", "w"), None).notifications.is_empty());
+}
