@@ -1,7 +1,8 @@
 use serde::{Deserialize, Serialize};
 
-use super::{encode_items, exact_args, key_arg};
+use super::{exact_args, key_arg};
 use crate::error::StoreError;
+use crate::resp::encode_bulk_array;
 
 /// `GET key`: the value and its version, or nil.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -17,6 +18,6 @@ impl Get {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        encode_items(&[b"GET", &self.key])
+        encode_bulk_array::<&[u8]>(&[b"GET", &self.key])
     }
 }

@@ -1,7 +1,8 @@
 use serde::{Deserialize, Serialize};
 
-use super::{encode_items, key_arg};
+use super::key_arg;
 use crate::error::StoreError;
+use crate::resp::encode_bulk_array;
 
 /// `KEYNOTIFY key [STOP]`: register (or with `STOP` remove) the requesting client's
 /// notifications for `key`. The key need not exist.
@@ -25,9 +26,9 @@ impl KeyNotify {
 
     pub fn encode(&self) -> Vec<u8> {
         if self.stop {
-            encode_items(&[b"KEYNOTIFY", &self.key, b"STOP"])
+            encode_bulk_array::<&[u8]>(&[b"KEYNOTIFY", &self.key, b"STOP"])
         } else {
-            encode_items(&[b"KEYNOTIFY", &self.key])
+            encode_bulk_array::<&[u8]>(&[b"KEYNOTIFY", &self.key])
         }
     }
 }

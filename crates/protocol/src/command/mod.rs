@@ -21,7 +21,7 @@ pub use vdel::VDel;
 use serde::{Deserialize, Serialize};
 
 use crate::error::StoreError;
-use crate::resp::{encode_bulk_array, parse_request_frame};
+use crate::resp::parse_request_frame;
 
 /// One parsed request payload.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,10 +111,6 @@ pub(crate) fn key_arg(key: &[u8]) -> Result<Vec<u8>, StoreError> {
 /// `args` must hold exactly `N` items.
 pub(crate) fn exact_args<'a, const N: usize>(args: &[&'a [u8]]) -> Result<[&'a [u8]; N], StoreError> {
     <[&[u8]; N]>::try_from(args).map_err(|_| StoreError::WrongNumberOfArguments)
-}
-
-pub(crate) fn encode_items(items: &[&[u8]]) -> Vec<u8> {
-    encode_bulk_array(items)
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 use serde::{Deserialize, Serialize};
 
-use super::encode_items;
 use crate::error::StoreError;
+use crate::resp::encode_bulk_array;
 
 /// `SCAN pattern [token]`: one page of the keys matching a glob pattern (PROTOCOL.md §13).
 /// The token is the opaque continuation the previous page returned.
@@ -25,8 +25,8 @@ impl Scan {
 
     pub fn encode(&self) -> Vec<u8> {
         match &self.token {
-            Some(token) => encode_items(&[b"SCAN", &self.pattern, token]),
-            None => encode_items(&[b"SCAN", &self.pattern]),
+            Some(token) => encode_bulk_array::<&[u8]>(&[b"SCAN", &self.pattern, token]),
+            None => encode_bulk_array::<&[u8]>(&[b"SCAN", &self.pattern]),
         }
     }
 }

@@ -1,7 +1,8 @@
 use serde::{Deserialize, Serialize};
 
-use super::{encode_items, key_arg};
+use super::key_arg;
 use crate::error::StoreError;
+use crate::resp::encode_bulk_array;
 use crate::resp::parse_u64;
 
 /// The condition of a SET.
@@ -75,6 +76,6 @@ impl Set {
             items.push(b"PX");
             items.push(px.as_bytes());
         }
-        encode_items(&items)
+        encode_bulk_array::<&[u8]>(&items)
     }
 }

@@ -6,7 +6,7 @@ fn parse(bytes: &[u8]) -> Result<Command, StoreError> {
 }
 
 fn req(items: &[&[u8]]) -> Vec<u8> {
-    encode_items(items)
+    crate::resp::encode_bulk_array(items)
 }
 
 /// Every request encoding of PROTOCOL.md §5, byte-for-byte, both ways.

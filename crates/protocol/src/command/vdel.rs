@@ -1,7 +1,8 @@
 use serde::{Deserialize, Serialize};
 
-use super::{encode_items, exact_args, key_arg};
+use super::{exact_args, key_arg};
 use crate::error::StoreError;
+use crate::resp::encode_bulk_array;
 
 /// `VDEL key value`: delete only if the stored value equals `value` byte-for-byte.
 /// `:1` deleted, `:0` absent, `:-1` present with another value.
@@ -20,6 +21,6 @@ impl VDel {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        encode_items(&[b"VDEL", &self.key, &self.value])
+        encode_bulk_array::<&[u8]>(&[b"VDEL", &self.key, &self.value])
     }
 }
