@@ -1,0 +1,256 @@
+//! Node configuration from flags, environment variables (`STATESTORE_*`) and an optional TOML
+//! file. A flag wins over its variable, a variable over the file, the file over the default.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Deserialize;
+use statestore_raft::NodeId;
+
+/// Command-line flags; every one also reads an environment variable.
+#[derive(Debug, Default, Parser)]
+#[command(name = "statestore", version, about = "A Raft-replicated MQTT5 state store node")]
+pub struct Args {
+    /// A TOML file with any of the settings below (keys as the flags, with `_` for `-`).
+    #[arg(long, env = "STATESTORE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// This node's id: a positive integer, unique in the cluster, never reused.
+    #[arg(long, env = "STATESTORE_ID")]
+    pub id: Option<NodeId>,
+    /// Address the HTTP server binds (Raft RPC, cluster API, metrics). Default 127.0.0.1:7400.
+    #[arg(long, env = "STATESTORE_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// URL other nodes and operators reach this node at. Default `http://<listen>`.
+    #[arg(long, env = "STATESTORE_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// Directory for the RocksDB database and snapshots. Default `./data/node-<id>`.
+    #[arg(long, env = "STATESTORE_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The voters of a new cluster, e.g. `1=http://10.0.0.1:7400,2=...`. Used only when the data
+    /// directory is empty and this node's id is in the list; ignored once the node has a log.
+    #[arg(long, env = "STATESTORE_INITIAL_MEMBERS")]
+    pub initial_members: Option<String>,
+    /// Leader heartbeat interval in milliseconds. Default 50.
+    #[arg(long, env = "STATESTORE_HEARTBEAT_MS")]
+    pub heartbeat_ms: Option<u64>,
+    /// Lower bound of the randomized election timeout in milliseconds. Default 150.
+    #[arg(long, env = "STATESTORE_ELECTION_MIN_MS")]
+    pub election_min_ms: Option<u64>,
+    /// Upper bound of the randomized election timeout in milliseconds. Default 300.
+    #[arg(long, env = "STATESTORE_ELECTION_MAX_MS")]
+    pub election_max_ms: Option<u64>,
+    /// Build a snapshot after this many entries since the last one. Default 10000.
+    #[arg(long, env = "STATESTORE_SNAPSHOT_EVERY")]
+    pub snapshot_every: Option<u64>,
+    /// Entries kept in the log below the latest snapshot, for slightly lagging followers. Default 1000.
+    #[arg(long, env = "STATESTORE_LOGS_KEPT")]
+    pub logs_kept: Option<u64>,
+    /// Log filter, e.g. `info` or `statestore=debug,openraft=info`. Default `info`.
+    #[arg(long, env = "STATESTORE_LOG")]
+    pub log: Option<String>,
+}
+
+/// The same settings, read from the TOML file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    id: Option<NodeId>,
+    listen: Option<SocketAddr>,
+    advertise: Option<String>,
+    data_dir: Option<PathBuf>,
+    initial_members: Option<String>,
+    heartbeat_ms: Option<u64>,
+    election_min_ms: Option<u64>,
+    election_max_ms: Option<u64>,
+    snapshot_every: Option<u64>,
+    logs_kept: Option<u64>,
+    log: Option<String>,
+}
+
+/// A complete, checked node configuration.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub id: NodeId,
+    pub listen: SocketAddr,
+    pub advertise: String,
+    pub data_dir: PathBuf,
+    pub initial_members: BTreeMap<NodeId, String>,
+    pub heartbeat: Duration,
+    pub election_min: Duration,
+    pub election_max: Duration,
+    pub snapshot_every: u64,
+    pub logs_kept: u64,
+    pub log: String,
+}
+
+/// A configuration that cannot work.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("reading the config file {path}: {detail}")]
+    File { path: String, detail: String },
+    #[error("--id is required (or STATESTORE_ID, or `id` in the config file)")]
+    MissingId,
+    #[error("--id must be a positive integer")]
+    ZeroId,
+    #[error("--initial-members: {0}")]
+    InitialMembers(String),
+    #[error("--advertise must be an http:// URL, not {0:?}")]
+    Advertise(String),
+    #[error("timings: {0}")]
+    Timings(String),
+}
+
+impl NodeConfig {
+    pub fn from_args(args: Args) -> Result<NodeConfig, ConfigError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        let id = args.id.or(file.id).ok_or(ConfigError::MissingId)?;
+        if id == 0 {
+            return Err(ConfigError::ZeroId);
+        }
+        let listen = args.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7400)));
+        let advertise = args.advertise.or(file.advertise).unwrap_or_else(|| format!("http://{listen}"));
+        if !advertise.starts_with("http://") || advertise.len() <= "http://".len() {
+            return Err(ConfigError::Advertise(advertise));
+        }
+        let initial_members = match args.initial_members.or(file.initial_members) {
+            Some(list) => parse_members(&list)?,
+            None => BTreeMap::new(),
+        };
+        if let Some(address) = initial_members.get(&id) {
+            if address.trim_end_matches('/') != advertise.trim_end_matches('/') {
+                return Err(ConfigError::InitialMembers(format!(
+                    "node {id} is listed at {address} but advertises {advertise}"
+                )));
+            }
+        }
+        let config = NodeConfig {
+            id,
+            listen,
+            advertise: advertise.trim_end_matches('/').to_string(),
+            data_dir: args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from(format!("data/node-{id}"))),
+            initial_members,
+            heartbeat: Duration::from_millis(args.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(50)),
+            election_min: Duration::from_millis(args.election_min_ms.or(file.election_min_ms).unwrap_or(150)),
+            election_max: Duration::from_millis(args.election_max_ms.or(file.election_max_ms).unwrap_or(300)),
+            snapshot_every: args.snapshot_every.or(file.snapshot_every).unwrap_or(10_000),
+            logs_kept: args.logs_kept.or(file.logs_kept).unwrap_or(1_000),
+            log: args.log.or(file.log).unwrap_or_else(|| "info".to_string()),
+        };
+        config.check_timings()?;
+        Ok(config)
+    }
+
+    fn check_timings(&self) -> Result<(), ConfigError> {
+        let timings = |detail: &str| Err(ConfigError::Timings(detail.to_string()));
+        if self.heartbeat.is_zero() {
+            return timings("the heartbeat interval must be positive");
+        }
+        if self.election_min <= self.heartbeat * 2 {
+            return timings("the election timeout must exceed two heartbeat intervals");
+        }
+        if self.election_max <= self.election_min {
+            return timings("the election timeout's upper bound must exceed its lower bound");
+        }
+        if self.snapshot_every == 0 {
+            return timings("--snapshot-every must be positive");
+        }
+        Ok(())
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let error = |detail: String| ConfigError::File { path: path.display().to_string(), detail };
+    let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+    toml::from_str(&text).map_err(|e| error(e.message().to_string()))
+}
+
+/// Parses `1=http://host:port,2=http://host:port`.
+pub fn parse_members(list: &str) -> Result<BTreeMap<NodeId, String>, ConfigError> {
+    let error = |detail: String| ConfigError::InitialMembers(detail);
+    let mut members = BTreeMap::new();
+    for item in list.split(',').map(str::trim).filter(|item| !item.is_empty()) {
+        let (id, address) = item.split_once('=').ok_or_else(|| error(format!("{item:?} is not id=url")))?;
+        let id: NodeId = id.trim().parse().map_err(|_| error(format!("{id:?} is not a node id")))?;
+        if id == 0 {
+            return Err(error("node ids are positive".into()));
+        }
+        let address = address.trim().trim_end_matches('/');
+        if !address.starts_with("http://") || address.len() <= "http://".len() {
+            return Err(error(format!("{address:?} is not an http:// URL")));
+        }
+        if members.insert(id, address.to_string()).is_some() {
+            return Err(error(format!("node {id} is listed twice")));
+        }
+    }
+    if members.is_empty() {
+        return Err(error("the list is empty".into()));
+    }
+    Ok(members)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("statestore").chain(list.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn defaults_fill_what_is_not_given() {
+        let config = NodeConfig::from_args(args(&["--id", "2"])).unwrap();
+        assert_eq!(config.listen.to_string(), "127.0.0.1:7400");
+        assert_eq!(config.advertise, "http://127.0.0.1:7400");
+        assert_eq!(config.data_dir, PathBuf::from("data/node-2"));
+        assert_eq!(config.heartbeat, Duration::from_millis(50));
+        assert_eq!(
+            (config.election_min, config.election_max),
+            (Duration::from_millis(150), Duration::from_millis(300))
+        );
+    }
+
+    #[test]
+    fn members_parse_and_bad_lists_are_refused() {
+        let members = parse_members("1=http://a:1, 2=http://b:2/").unwrap();
+        assert_eq!(members.get(&2).map(String::as_str), Some("http://b:2"));
+        for bad in ["", "1", "x=http://a:1", "0=http://a:1", "1=ftp://a", "1=http://", "1=http://a,1=http://b"] {
+            assert!(matches!(parse_members(bad), Err(ConfigError::InitialMembers(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn wrong_settings_are_refused_with_a_reason() {
+        assert_eq!(NodeConfig::from_args(args(&[])).unwrap_err(), ConfigError::MissingId);
+        assert_eq!(NodeConfig::from_args(args(&["--id", "0"])).unwrap_err(), ConfigError::ZeroId);
+        let timings = NodeConfig::from_args(args(&["--id", "1", "--election-min-ms", "90"])).unwrap_err();
+        assert!(matches!(timings, ConfigError::Timings(_)));
+        let elsewhere =
+            NodeConfig::from_args(args(&["--id", "1", "--initial-members", "1=http://10.0.0.9:7400"])).unwrap_err();
+        assert!(matches!(elsewhere, ConfigError::InitialMembers(_)));
+        assert!(matches!(
+            NodeConfig::from_args(args(&["--id", "1", "--advertise", "10.0.0.1:7400"])).unwrap_err(),
+            ConfigError::Advertise(_)
+        ));
+    }
+
+    #[test]
+    fn the_file_fills_in_and_flags_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        std::fs::write(&path, "id = 3\nheartbeat_ms = 40\nlisten = \"127.0.0.1:9000\"\n").unwrap();
+        let config =
+            NodeConfig::from_args(args(&["--config", path.to_str().unwrap(), "--listen", "127.0.0.1:9100"])).unwrap();
+        assert_eq!((config.id, config.heartbeat, config.listen.port()), (3, Duration::from_millis(40), 9100));
+        std::fs::write(&path, "id = 3\nunknown = 1\n").unwrap();
+        assert!(matches!(
+            NodeConfig::from_args(args(&["--config", path.to_str().unwrap()])).unwrap_err(),
+            ConfigError::File { .. }
+        ));
+    }
+}

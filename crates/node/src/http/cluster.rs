@@ -1,0 +1,272 @@
+//! The cluster API: status, adding learners, changing voters; health, readiness and metrics.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers, ServerState};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use statestore_raft::types::RaftMetrics;
+use statestore_raft::NodeId;
+
+use super::ApiError;
+use crate::node::{ExecuteError, Node};
+
+/// How long `POST /cluster/learners` waits for the learner to catch up unless told otherwise.
+const DEFAULT_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a membership change may take to commit.
+const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq, Clone)]
+pub struct Member {
+    pub id: NodeId,
+    pub address: String,
+}
+
+/// `GET /cluster`: this node's view of the cluster.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub id: NodeId,
+    /// `leader`, `follower`, `candidate` or `learner`.
+    pub role: String,
+    pub term: u64,
+    pub leader: Option<Member>,
+    pub voters: Vec<Member>,
+    pub learners: Vec<Member>,
+    pub last_log_index: u64,
+    pub committed_index: u64,
+    pub applied_index: u64,
+    pub snapshot_index: u64,
+    pub purged_index: u64,
+}
+
+fn members(metrics: &RaftMetrics, ids: impl Iterator<Item = NodeId>) -> Vec<Member> {
+    let membership = metrics.membership_config.membership();
+    ids.map(|id| Member { id, address: membership.get_node(&id).map(|n| n.addr.clone()).unwrap_or_default() }).collect()
+}
+
+pub fn cluster_status(node: &Node) -> ClusterStatus {
+    // Copy the metrics out: the borrow must not live across an await.
+    let metrics = node.raft.metrics().borrow().clone();
+    let membership = metrics.membership_config.membership();
+    let role = match metrics.state {
+        ServerState::Leader => "leader",
+        ServerState::Candidate => "candidate",
+        ServerState::Learner => "learner",
+        ServerState::Follower => "follower",
+        ServerState::Shutdown => "shutdown",
+    };
+    ClusterStatus {
+        id: node.id,
+        role: role.to_string(),
+        term: metrics.current_term,
+        leader: metrics.current_leader.and_then(|id| members(&metrics, std::iter::once(id)).pop()),
+        voters: members(&metrics, membership.voter_ids()),
+        learners: members(&metrics, membership.learner_ids()),
+        last_log_index: metrics.last_log_index.unwrap_or(0),
+        committed_index: node.reader.committed_index(),
+        applied_index: metrics.last_applied.map_or(0, |id| id.index),
+        snapshot_index: metrics.snapshot.map_or(0, |id| id.index),
+        purged_index: metrics.purged.map_or(0, |id| id.index),
+    }
+}
+
+pub async fn status(State(node): State<Arc<Node>>) -> Json<ClusterStatus> {
+    Json(cluster_status(&node))
+}
+
+/// Parses a JSON body, answering malformed input with a JSON 400.
+fn json_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))
+}
+
+fn membership_error(error: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ApiError {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(to)) => {
+            ExecuteError::ForwardToLeader { leader_id: to.leader_id, leader_address: to.leader_node.map(|n| n.addr) }
+                .into()
+        }
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(ChangeMembershipError::InProgress(e))) => {
+            ApiError::new(StatusCode::CONFLICT, "change_in_progress", e.to_string())
+        }
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            ApiError::new(StatusCode::BAD_REQUEST, "bad_membership", e.to_string())
+        }
+        RaftError::Fatal(e) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.to_string()),
+    }
+}
+
+fn timed_out(what: &str) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "timeout", format!("{what} did not finish in time; it may still"))
+}
+
+/// Membership changes are decided by the leader; elsewhere the caller is sent there.
+fn require_leader(metrics: &RaftMetrics) -> Result<(), ApiError> {
+    if metrics.state == ServerState::Leader {
+        return Ok(());
+    }
+    let leader_address = metrics
+        .current_leader
+        .and_then(|id| metrics.membership_config.membership().get_node(&id).map(|n| n.addr.clone()));
+    Err(ExecuteError::ForwardToLeader { leader_id: metrics.current_leader, leader_address }.into())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddLearner {
+    id: NodeId,
+    address: String,
+    /// How long to wait for the learner to catch up; default 30 s.
+    timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+struct LearnerAdded {
+    id: NodeId,
+    address: String,
+    /// The learner has the leader's log up to the index it had when it was added.
+    caught_up: bool,
+}
+
+/// `POST /cluster/learners {"id": 4, "address": "http://..."}`: adds a non-voting member and
+/// waits until it has caught up (200) or the timeout passes (202, still catching up).
+pub async fn add_learner(State(node): State<Arc<Node>>, body: Bytes) -> Result<Response, ApiError> {
+    let request: AddLearner = json_body(&body)?;
+    if request.id == 0 {
+        return Err(ApiError::bad_request("node ids are positive integers"));
+    }
+    let address = request.address.trim_end_matches('/').to_string();
+    if !address.starts_with("http://") || address.len() <= "http://".len() {
+        return Err(ApiError::bad_request(format!("{:?} is not an http:// URL", request.address)));
+    }
+    let metrics = node.raft.metrics().borrow().clone();
+    require_leader(&metrics)?;
+    let membership = metrics.membership_config.membership();
+    if membership.voter_ids().any(|id| id == request.id) {
+        return Err(ApiError::new(StatusCode::CONFLICT, "already_voter", format!("node {} is a voter", request.id)));
+    }
+    if let Some(known) = membership.get_node(&request.id) {
+        if known.addr != address {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "address_mismatch",
+                format!("node {} is a learner at {}", request.id, known.addr),
+            ));
+        }
+    }
+    let timeout = request.timeout_ms.map_or(DEFAULT_CATCH_UP_TIMEOUT, Duration::from_millis);
+    let added = node.raft.add_learner(request.id, BasicNode { addr: address.clone() }, true);
+    let caught_up = match tokio::time::timeout(timeout, added).await {
+        Ok(result) => {
+            result.map_err(membership_error)?;
+            true
+        }
+        Err(_) => false,
+    };
+    let status = if caught_up { StatusCode::OK } else { StatusCode::ACCEPTED };
+    Ok((status, Json(LearnerAdded { id: request.id, address, caught_up })).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChangeMembersRequest {
+    /// Learners to make voters.
+    #[serde(default)]
+    promote: BTreeSet<NodeId>,
+    /// Voters or learners to remove from the cluster.
+    #[serde(default)]
+    remove: BTreeSet<NodeId>,
+}
+
+/// `POST /cluster/members {"promote": [4], "remove": [2]}`: changes the voters (joint consensus)
+/// and removes nodes. Answers with the resulting status.
+pub async fn change_members(State(node): State<Arc<Node>>, body: Bytes) -> Result<Json<ClusterStatus>, ApiError> {
+    let request: ChangeMembersRequest = json_body(&body)?;
+    if request.promote.is_empty() && request.remove.is_empty() {
+        return Err(ApiError::bad_request("nothing to change: give `promote` and/or `remove`"));
+    }
+    if let Some(id) = request.promote.intersection(&request.remove).next() {
+        return Err(ApiError::bad_request(format!("node {id} is both promoted and removed")));
+    }
+    let metrics = node.raft.metrics().borrow().clone();
+    require_leader(&metrics)?;
+    let membership = metrics.membership_config.membership();
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    let learners: BTreeSet<NodeId> = membership.learner_ids().collect();
+    let unknown =
+        |id: &NodeId| ApiError::new(StatusCode::NOT_FOUND, "unknown_node", format!("node {id} is not a member"));
+    if let Some(id) = request.promote.iter().find(|id| !voters.contains(id) && !learners.contains(id)) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_node",
+            format!("node {id} is not a learner; add it with POST /cluster/learners first"),
+        ));
+    }
+    if let Some(id) = request.remove.iter().find(|id| !voters.contains(id) && !learners.contains(id)) {
+        return Err(unknown(id));
+    }
+    let new_voters: BTreeSet<NodeId> =
+        voters.union(&request.promote).filter(|id| !request.remove.contains(id)).copied().collect();
+    if new_voters.is_empty() {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "last_voter", "the cluster cannot remove its last voter"));
+    }
+    if new_voters != voters {
+        let change = node.raft.change_membership(ChangeMembers::ReplaceAllVoters(new_voters), false);
+        tokio::time::timeout(CHANGE_TIMEOUT, change)
+            .await
+            .map_err(|_| timed_out("the change"))?
+            .map_err(membership_error)?;
+    }
+    let removed_learners: BTreeSet<NodeId> = request.remove.intersection(&learners).copied().collect();
+    if !removed_learners.is_empty() {
+        let change = node.raft.change_membership(ChangeMembers::RemoveNodes(removed_learners), false);
+        tokio::time::timeout(CHANGE_TIMEOUT, change)
+            .await
+            .map_err(|_| timed_out("the change"))?
+            .map_err(membership_error)?;
+    }
+    Ok(Json(cluster_status(&node)))
+}
+
+/// `GET /health`: the process is alive and Raft is running.
+pub async fn health(State(node): State<Arc<Node>>) -> Response {
+    let running = node.raft.metrics().borrow().running_state.is_ok();
+    if running {
+        (StatusCode::OK, Json(serde_json::json!({"status": "ok"}))).into_response()
+    } else {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "stopped", "raft has stopped").into_response()
+    }
+}
+
+/// `GET /ready`: this node is a member, knows a leader, and has applied everything it knows to
+/// be committed.
+pub async fn ready(State(node): State<Arc<Node>>) -> Response {
+    let status = cluster_status(&node);
+    let member = status.voters.iter().chain(&status.learners).any(|m| m.id == node.id);
+    let reason = if !member {
+        Some("this node is not a member of the cluster")
+    } else if status.leader.is_none() {
+        Some("no leader is known")
+    } else if status.applied_index < status.committed_index {
+        Some("catching up: applied index is behind the committed index")
+    } else {
+        None
+    };
+    match reason {
+        None => (StatusCode::OK, Json(serde_json::json!({"status": "ready"}))).into_response(),
+        Some(reason) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", reason).into_response(),
+    }
+}
+
+/// `GET /metrics`: Prometheus text format.
+pub async fn metrics(State(node): State<Arc<Node>>) -> Response {
+    let text = node.metrics.render(node.reader.committed_index());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}

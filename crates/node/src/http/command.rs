@@ -1,0 +1,79 @@
+//! `POST /v1/command`: executes one RESP3 request, as a request over MQTT would be, and answers
+//! with the RESP3 reply. For operators and tools that do not speak MQTT.
+//!
+//! - body: the request payload (e.g. `*3\r\n$3\r\nSET\r\n...`);
+//! - headers `statestore-ts`, `statestore-ft`, `statestore-client-id`: the `__ts`, `__ft` and
+//!   `__srcId` properties;
+//! - `?consistency=local`: answer GET/SCAN from this node's applied state without asking the
+//!   leader (may be stale); the default is linearizable, on the leader only.
+//!
+//! The answer is 200 with the reply as the body and its version in `statestore-ts`, or a JSON
+//! error: 421 with the leader's address on a follower, 503 when no quorum answers in time.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use statestore_protocol::Request;
+use statestore_statemachine::{ClientRequest, Reply};
+
+use super::ApiError;
+use crate::node::{Node, ReadConsistency};
+
+pub const TIMESTAMP_HEADER: &str = "statestore-ts";
+pub const FENCING_TOKEN_HEADER: &str = "statestore-ft";
+pub const CLIENT_ID_HEADER: &str = "statestore-client-id";
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandQuery {
+    #[serde(default)]
+    consistency: Option<String>,
+}
+
+fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
+    headers
+        .get(name)
+        .map(|value| value.to_str().map_err(|_| ApiError::bad_request(format!("header {name} is not ASCII text"))))
+        .transpose()
+}
+
+pub async fn execute(
+    State(node): State<Arc<Node>>,
+    query: Result<Query<CommandQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let consistency = match query.consistency.as_deref() {
+        None | Some("linearizable") => ReadConsistency::Linearizable,
+        Some("local") => ReadConsistency::Local,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!("consistency is `linearizable` or `local`, not {other:?}")))
+        }
+    };
+    let timestamp = header_text(&headers, TIMESTAMP_HEADER)?;
+    let fencing_token = header_text(&headers, FENCING_TOKEN_HEADER)?;
+    let client_id = header_text(&headers, CLIENT_ID_HEADER)?.map(str::to_string);
+    let reply = match Request::parse(&body, timestamp, fencing_token) {
+        Err(error) => Reply::error(error),
+        Ok(request) if consistency == ReadConsistency::Local && request.command.is_read() => {
+            node.read(&request, ReadConsistency::Local).await?
+        }
+        Ok(request) => {
+            node.execute(ClientRequest { request, client_id, identity: None, message_expiry_secs: None }).await?
+        }
+    };
+    let mut response = reply.response.encode().into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    if let Some(version) = reply.version {
+        let value =
+            HeaderValue::from_str(&version.to_string()).map_err(|_| ApiError::bad_request("unprintable version"))?;
+        headers.insert(TIMESTAMP_HEADER, value);
+    }
+    Ok(response)
+}

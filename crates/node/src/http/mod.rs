@@ -1,0 +1,97 @@
+//! The node's HTTP server (axum): Raft RPC between nodes, the cluster API, health, readiness,
+//! metrics, and a command endpoint.
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /raft/append`, `/raft/vote`, `/raft/snapshot` | Raft RPC, bincode bodies ([`raft_rpc`]) |
+//! | `GET /cluster`, `POST /cluster/learners`, `POST /cluster/members` | membership, JSON ([`cluster`]) |
+//! | `GET /health`, `GET /ready`, `GET /metrics` | liveness, readiness, Prometheus ([`cluster`]) |
+//! | `POST /v1/command` | execute one RESP3 request ([`command`]) |
+
+pub mod cluster;
+pub mod command;
+pub mod raft_rpc;
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Serialize;
+
+use crate::node::{ExecuteError, Node};
+
+/// Raft RPC bodies: an append of 64 entries of 1 MiB values, or a snapshot chunk, fits.
+const RAFT_BODY_LIMIT: usize = 128 << 20;
+/// A RESP3 request of `/v1/command`.
+const COMMAND_BODY_LIMIT: usize = 16 << 20;
+
+pub fn router(node: Arc<Node>) -> Router {
+    let raft = Router::new()
+        .route(statestore_raft::network::APPEND_PATH, post(raft_rpc::append))
+        .route(statestore_raft::network::VOTE_PATH, post(raft_rpc::vote))
+        .route(statestore_raft::network::SNAPSHOT_PATH, post(raft_rpc::snapshot))
+        .layer(DefaultBodyLimit::max(RAFT_BODY_LIMIT));
+    let command =
+        Router::new().route("/v1/command", post(command::execute)).layer(DefaultBodyLimit::max(COMMAND_BODY_LIMIT));
+    Router::new()
+        .route("/cluster", get(cluster::status))
+        .route("/cluster/learners", post(cluster::add_learner))
+        .route("/cluster/members", post(cluster::change_members))
+        .route("/health", get(cluster::health))
+        .route("/ready", get(cluster::ready))
+        .route("/metrics", get(cluster::metrics))
+        .merge(raft)
+        .merge(command)
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .with_state(node)
+}
+
+/// A JSON error answer: `{"code": "...", "message": "...", "leader_id": ..., "leader_address": ...}`.
+#[derive(Debug, Serialize)]
+pub struct ApiError {
+    #[serde(skip)]
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader_id: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader_address: Option<String>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, code, message: message.into(), leader_id: None, leader_address: None }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+}
+
+impl From<ExecuteError> for ApiError {
+    fn from(error: ExecuteError) -> ApiError {
+        let message = error.to_string();
+        match error {
+            ExecuteError::ForwardToLeader { leader_id, leader_address } => ApiError {
+                // 421 Misdirected Request: the same request succeeds at `leader_address`.
+                status: StatusCode::MISDIRECTED_REQUEST,
+                code: "not_leader",
+                message,
+                leader_id,
+                leader_address,
+            },
+            ExecuteError::Unavailable(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message),
+            ExecuteError::Storage(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", message),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(&self)).into_response()
+    }
+}

@@ -1,0 +1,19 @@
+//! The state store node.
+//!
+//! # Layout
+//! - [`config`]: flags, environment variables and the config file.
+//! - [`node`]: [`Node`] — starting Raft, bootstrapping a new cluster once, and the entry point for
+//!   commands ([`Node::execute`], [`Node::propose`], [`Node::read`]) with its typed
+//!   [`ExecuteError::ForwardToLeader`].
+//! - [`http`]: the axum server — Raft RPC, the cluster API, health, readiness, metrics, commands.
+//! - [`metrics`]: the Prometheus registry and Raft gauges.
+//! - [`server`]: runs a node until SIGTERM or SIGINT.
+
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod node;
+pub mod server;
+
+pub use config::{Args, NodeConfig};
+pub use node::{Committed, ExecuteError, Node, ReadConsistency};

@@ -1,0 +1,186 @@
+//! A running node: its Raft instance, its storage, and the entry point the front ends use to
+//! execute commands — [`Node::execute`] proposes writes and answers reads linearizably.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError};
+use openraft::{BasicNode, SnapshotPolicy};
+use statestore_protocol::Request;
+use statestore_raft::{NetworkFactory, Node as RaftNode, NodeId, Raft, StateReader, StorageMetrics};
+use statestore_statemachine::{Applied, ClientRequest, Config as MachineConfig, Entry, Operation, Reply};
+
+use crate::config::NodeConfig;
+use crate::metrics::Metrics;
+
+/// How long a proposal or a leadership check may take before the caller is told the cluster is
+/// unavailable. A write that timed out may still commit: its outcome is unknown.
+pub const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a command was not executed here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecuteError {
+    /// This node is not the leader; `leader_address` is where to go when a leader is known.
+    #[error("not the leader; the leader is {}", leader_address.as_deref().unwrap_or("unknown"))]
+    ForwardToLeader { leader_id: Option<NodeId>, leader_address: Option<String> },
+    /// No quorum answered in time, or the node is shutting down. A write may or may not commit.
+    #[error("the cluster is unavailable: {0}")]
+    Unavailable(String),
+    /// The local storage failed.
+    #[error("storage failure: {0}")]
+    Storage(String),
+}
+
+fn forward(to: &ForwardToLeader<NodeId, RaftNode>) -> ExecuteError {
+    ExecuteError::ForwardToLeader {
+        leader_id: to.leader_id,
+        leader_address: to.leader_node.as_ref().map(|n| n.addr.clone()),
+    }
+}
+
+/// What a committed proposal produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    pub log_index: u64,
+    pub applied: Applied,
+}
+
+/// How a read is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadConsistency {
+    /// Leader only, after confirming leadership with a quorum and applying up to its commit index.
+    Linearizable,
+    /// This node's applied state as it is: may be stale, never wrong about what was applied.
+    Local,
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A started node.
+pub struct Node {
+    pub id: NodeId,
+    pub advertise: String,
+    pub raft: Raft,
+    pub reader: StateReader,
+    pub metrics: Metrics,
+}
+
+impl Node {
+    /// Opens the storage, starts Raft and, on a new cluster, initializes it once.
+    pub async fn start(config: &NodeConfig) -> anyhow::Result<Arc<Node>> {
+        let metrics = Metrics::new()?;
+        let storage_metrics = StorageMetrics::register(&metrics.registry)?;
+        let storage = statestore_raft::open(&config.data_dir, MachineConfig::default(), storage_metrics)?;
+        let raft_config = openraft::Config {
+            cluster_name: "statestore".into(),
+            heartbeat_interval: config.heartbeat.as_millis() as u64,
+            election_timeout_min: config.election_min.as_millis() as u64,
+            election_timeout_max: config.election_max.as_millis() as u64,
+            // Bounds one append request: with 1 MiB values, 64 entries stay under the body limit.
+            max_payload_entries: 64,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every),
+            max_in_snapshot_log_to_keep: config.logs_kept,
+            ..Default::default()
+        };
+        let raft_config = Arc::new(raft_config.validate()?);
+        let network = NetworkFactory::new()?;
+        let raft = Raft::new(config.id, raft_config, network, storage.log, storage.state).await?;
+        let node = Arc::new(Node {
+            id: config.id,
+            advertise: config.advertise.clone(),
+            raft,
+            reader: storage.reader,
+            metrics,
+        });
+        node.metrics.watch(node.clone());
+        node.bootstrap(&config.initial_members).await?;
+        Ok(node)
+    }
+
+    /// Initializes a new cluster when this node is one of its initial members and has never
+    /// joined one. Every initial member does this with the same membership, so whichever starts
+    /// first, they all begin with the same first log entry; a node with a log never does.
+    async fn bootstrap(&self, initial_members: &BTreeMap<NodeId, String>) -> anyhow::Result<()> {
+        if !initial_members.contains_key(&self.id) || self.raft.is_initialized().await? {
+            return Ok(());
+        }
+        let members: BTreeMap<NodeId, BasicNode> =
+            initial_members.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
+        match self.raft.initialize(members).await {
+            Ok(()) => tracing::info!(members = ?initial_members, "initialized a new cluster"),
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {
+                tracing::info!("the cluster was initialized already")
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    }
+
+    /// Executes a client request: GET and SCAN are read linearizably, everything else is
+    /// proposed and answered once applied.
+    pub async fn execute(&self, request: ClientRequest) -> Result<Reply, ExecuteError> {
+        if request.request.command.is_read() {
+            return self.read(&request.request, ReadConsistency::Linearizable).await;
+        }
+        // Refuse skewed requests before they take a log entry; apply checks again.
+        let now = now_ms();
+        if let Err(error) = request.request.check_clock_skew(now) {
+            return Ok(Reply::error(error));
+        }
+        let committed = self.propose(Entry { operation: Operation::Request(request), wall_clock_ms: now }).await?;
+        Ok(committed.applied.reply)
+    }
+
+    /// Proposes one entry and waits until it is applied here.
+    pub async fn propose(&self, entry: Entry) -> Result<Committed, ExecuteError> {
+        let started = std::time::Instant::now();
+        let result = tokio::time::timeout(PROPOSAL_TIMEOUT, self.raft.client_write(entry)).await;
+        let outcome = match result {
+            Err(_) => Err(ExecuteError::Unavailable("the write did not commit in time; it may still commit".into())),
+            Ok(Ok(response)) => match response.data.applied {
+                Some(applied) => Ok(Committed { log_index: response.log_id.index, applied }),
+                None => Err(ExecuteError::Storage("a normal entry was applied without a result".into())),
+            },
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to)))) => Err(forward(&to)),
+            Ok(Err(RaftError::APIError(e))) => Err(ExecuteError::Unavailable(e.to_string())),
+            Ok(Err(RaftError::Fatal(fatal))) => Err(ExecuteError::Unavailable(fatal.to_string())),
+        };
+        self.metrics.observe_proposal(&outcome, started.elapsed());
+        outcome
+    }
+
+    /// Answers a GET or SCAN.
+    pub async fn read(&self, request: &Request, consistency: ReadConsistency) -> Result<Reply, ExecuteError> {
+        if consistency == ReadConsistency::Linearizable {
+            self.ensure_linearizable().await?;
+        }
+        match self.reader.read(request, now_ms()) {
+            Ok(Some(reply)) => Ok(reply),
+            Ok(None) => Err(ExecuteError::Storage("only GET and SCAN are reads".into())),
+            Err(e) => Err(ExecuteError::Storage(e.to_string())),
+        }
+    }
+
+    /// Returns once this node has confirmed with a quorum that it is the leader and has applied
+    /// everything committed before the call.
+    pub async fn ensure_linearizable(&self) -> Result<(), ExecuteError> {
+        match tokio::time::timeout(PROPOSAL_TIMEOUT, self.raft.ensure_linearizable()).await {
+            Err(_) => Err(ExecuteError::Unavailable("leadership was not confirmed in time".into())),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(to)))) => Err(forward(&to)),
+            Ok(Err(RaftError::APIError(e))) => Err(ExecuteError::Unavailable(e.to_string())),
+            Ok(Err(RaftError::Fatal(fatal))) => Err(ExecuteError::Unavailable(fatal.to_string())),
+        }
+    }
+
+    /// Stops Raft: no more votes, appends or applies.
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft did not stop cleanly");
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! A cluster of real `statestore` processes on loopback ports, each with its own RocksDB in a
+//! temporary directory, driven over HTTP.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use statestore_protocol::{Get, Hlc, Response, Set};
+use tempfile::TempDir;
+
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// A client `__ts` for now.
+pub fn timestamp() -> String {
+    Hlc::new(now_ms(), 0, "test-client").to_string()
+}
+
+pub struct NodeProcess {
+    pub id: u64,
+    pub port: u16,
+    pub data_dir: PathBuf,
+    pub log: PathBuf,
+    pub child: Option<Child>,
+    pub initial_members: Option<String>,
+}
+
+impl NodeProcess {
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+/// What one HTTP command returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub response: Response,
+    pub version: Option<String>,
+}
+
+/// Why a command did not return a reply.
+#[derive(Debug)]
+pub enum Refused {
+    /// HTTP status and JSON body.
+    Status(u16, Value),
+    /// No answer at all (connection refused, timeout).
+    Transport(String),
+}
+
+pub struct Cluster {
+    pub dir: TempDir,
+    pub nodes: BTreeMap<u64, NodeProcess>,
+    pub http: reqwest::Client,
+    pub extra_args: Vec<String>,
+}
+
+impl Cluster {
+    /// Starts nodes `1..=n` as the initial members of a new cluster and waits for a leader.
+    pub async fn start(n: u64, extra_args: &[&str]) -> Cluster {
+        let mut cluster = Cluster {
+            dir: tempfile::tempdir().unwrap(),
+            nodes: BTreeMap::new(),
+            http: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap(),
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+        };
+        let ports: Vec<u16> = (1..=n).map(|_| free_port()).collect();
+        let members =
+            (1..=n).zip(&ports).map(|(id, port)| format!("{id}=http://127.0.0.1:{port}")).collect::<Vec<_>>().join(",");
+        for (id, port) in (1..=n).zip(ports) {
+            cluster.add_process(id, port, Some(members.clone()));
+        }
+        for id in 1..=n {
+            cluster.spawn(id);
+        }
+        cluster.wait_leader().await;
+        cluster
+    }
+
+    fn add_process(&mut self, id: u64, port: u16, initial_members: Option<String>) {
+        let data_dir = self.dir.path().join(format!("node-{id}"));
+        let log = self.dir.path().join(format!("node-{id}.log"));
+        self.nodes.insert(id, NodeProcess { id, port, data_dir, log, child: None, initial_members });
+    }
+
+    /// Adds a node that is not an initial member (to join as a learner) and starts it.
+    pub fn start_new_node(&mut self, id: u64) {
+        self.add_process(id, free_port(), None);
+        self.spawn(id);
+    }
+
+    /// Starts (or restarts) node `id` with its data directory as it is.
+    pub fn spawn(&mut self, id: u64) {
+        let extra_args = self.extra_args.clone();
+        let node = self.nodes.get_mut(&id).unwrap();
+        assert!(node.child.is_none(), "node {id} is running");
+        let log = File::options().create(true).append(true).open(&node.log).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_statestore"));
+        command
+            .arg("--id")
+            .arg(id.to_string())
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", node.port))
+            .arg("--data-dir")
+            .arg(&node.data_dir)
+            .arg("--log")
+            .arg("info,openraft=warn")
+            .args(&extra_args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        if let Some(members) = &node.initial_members {
+            command.arg("--initial-members").arg(members);
+        }
+        node.child = Some(command.spawn().unwrap());
+    }
+
+    /// SIGKILL: no chance to flush anything.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut child) = self.nodes.get_mut(&id).unwrap().child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// SIGTERM, and the exit status once the node has stopped.
+    pub fn terminate(&mut self, id: u64) -> ExitStatus {
+        let mut child = self.nodes.get_mut(&id).unwrap().child.take().expect("running");
+        let status = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "node {id} did not stop after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn running(&self) -> Vec<u64> {
+        self.nodes.values().filter(|n| n.child.is_some()).map(|n| n.id).collect()
+    }
+
+    pub fn url(&self, id: u64) -> String {
+        self.nodes[&id].url()
+    }
+
+    pub async fn status(&self, id: u64) -> Option<Value> {
+        let response = self.http.get(format!("{}/cluster", self.url(id))).send().await.ok()?;
+        response.json().await.ok()
+    }
+
+    /// Waits until the running nodes agree on one leader among them; returns its id.
+    pub async fn wait_leader(&self) -> u64 {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let mut leaders = Vec::new();
+            for id in self.running() {
+                if let Some(status) = self.status(id).await {
+                    leaders.push(status["leader"]["id"].as_u64());
+                }
+            }
+            if let Some(Some(leader)) = leaders.first() {
+                let running = self.running();
+                if leaders.iter().all(|l| *l == Some(*leader))
+                    && leaders.len() == running.len()
+                    && running.contains(leader)
+                {
+                    let status = self.status(*leader).await.unwrap();
+                    if status["role"] == "leader" {
+                        return *leader;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agreed leader among {:?}: {leaders:?}\n{}",
+                self.running(),
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Waits until node `id` has applied at least `index`.
+    pub async fn wait_applied(&self, id: u64, index: u64) {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.status(id).await {
+                if status["applied_index"].as_u64().unwrap_or(0) >= index {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "node {id} did not apply {index}\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Sends one RESP3 request to node `id`.
+    pub async fn command(
+        &self,
+        id: u64,
+        payload: Vec<u8>,
+        timestamp: Option<&str>,
+        query: &str,
+    ) -> Result<Answer, Refused> {
+        let mut request = self.http.post(format!("{}/v1/command{query}", self.url(id))).body(payload);
+        if let Some(ts) = timestamp {
+            request = request.header("statestore-ts", ts);
+        }
+        let response = request.send().await.map_err(|e| Refused::Transport(e.to_string()))?;
+        let status = response.status().as_u16();
+        let version = response.headers().get("statestore-ts").map(|v| v.to_str().unwrap().to_string());
+        let body = response.bytes().await.map_err(|e| Refused::Transport(e.to_string()))?;
+        if status != 200 {
+            return Err(Refused::Status(status, serde_json::from_slice(&body).unwrap_or(Value::Null)));
+        }
+        Ok(Answer { response: Response::decode(&body).expect("a RESP3 reply"), version })
+    }
+
+    pub async fn set(&self, id: u64, key: &str, value: &str) -> Result<Answer, Refused> {
+        self.command(id, Set::new(key, value).encode(), Some(&timestamp()), "").await
+    }
+
+    pub async fn get(&self, id: u64, key: &str) -> Result<Answer, Refused> {
+        self.command(id, Get { key: key.as_bytes().to_vec() }.encode(), None, "").await
+    }
+
+    /// GET from node `id`'s own applied state.
+    pub async fn get_local(&self, id: u64, key: &str) -> Result<Answer, Refused> {
+        self.command(id, Get { key: key.as_bytes().to_vec() }.encode(), None, "?consistency=local").await
+    }
+
+    /// Writes on whichever node is leader, following redirects, until `deadline`.
+    pub async fn set_anywhere(&self, key: &str, value: &str, deadline: Duration) -> Answer {
+        let until = Instant::now() + deadline;
+        let mut target = self.running()[0];
+        loop {
+            match self.set(target, key, value).await {
+                Ok(answer) => return answer,
+                Err(Refused::Status(421, body)) => {
+                    if let Some(leader) = body["leader_id"].as_u64().filter(|id| self.running().contains(id)) {
+                        target = leader;
+                    } else {
+                        target = self.next_running(target);
+                    }
+                }
+                Err(_) => target = self.next_running(target),
+            }
+            assert!(Instant::now() < until, "no write succeeded within {deadline:?}\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn next_running(&self, after: u64) -> u64 {
+        let running = self.running();
+        *running.iter().find(|id| **id > after).unwrap_or(&running[0])
+    }
+
+    pub async fn metrics(&self, id: u64) -> String {
+        self.http.get(format!("{}/metrics", self.url(id))).send().await.unwrap().text().await.unwrap()
+    }
+
+    /// The last lines of every node's log, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut text = String::new();
+        for node in self.nodes.values() {
+            let log = std::fs::read_to_string(&node.log).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            text.push_str(&format!("--- node {} ---\n", node.id));
+            for line in &lines[lines.len().saturating_sub(30)..] {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+        text
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in self.nodes.values_mut() {
+            if let Some(mut child) = node.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// A metric's value in Prometheus text: `name` alone sums over its label sets, `name{labels}`
+/// picks one series.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (series, value) = line.rsplit_once(' ')?;
+        let series_name = if name.contains('{') { series } else { series.split('{').next().unwrap() };
+        if series_name == name {
+            *found.get_or_insert(0.0) += value.parse::<f64>().ok()?;
+        }
+    }
+    found
+}

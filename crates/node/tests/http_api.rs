@@ -1,0 +1,152 @@
+//! The HTTP API's answers to wrong input, and the node's lifecycle: health, readiness, metrics,
+//! a graceful stop, refusing a bad configuration.
+
+mod common;
+
+use std::process::Command;
+
+use common::{metric, Cluster};
+use serde_json::{json, Value};
+use statestore_protocol::Response;
+
+async fn post(cluster: &Cluster, id: u64, path: &str, body: &str) -> (u16, Value) {
+    let response = cluster
+        .http
+        .post(format!("{}{path}", cluster.url(id)))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_else(|_| panic!("{path} answered non-JSON: {text:?}")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_requests_with_wrong_input_get_a_json_error() {
+    let cluster = Cluster::start(1, &[]).await;
+    let cases: &[(&str, &str, u16, &str)] = &[
+        ("/cluster/learners", "{not json", 400, "bad_request"),
+        ("/cluster/learners", "", 400, "bad_request"),
+        ("/cluster/learners", r#"{"id": "four", "address": "http://127.0.0.1:1"}"#, 400, "bad_request"),
+        ("/cluster/learners", r#"{"id": 4}"#, 400, "bad_request"),
+        ("/cluster/learners", r#"{"id": 4, "address": "http://127.0.0.1:1", "extra": 1}"#, 400, "bad_request"),
+        ("/cluster/learners", r#"{"id": 0, "address": "http://127.0.0.1:1"}"#, 400, "bad_request"),
+        ("/cluster/learners", r#"{"id": 4, "address": "127.0.0.1:1"}"#, 400, "bad_request"),
+        ("/cluster/learners", r#"{"id": 1, "address": "http://127.0.0.1:1"}"#, 409, "already_voter"),
+        ("/cluster/members", "[1,2]", 400, "bad_request"),
+        ("/cluster/members", "{}", 400, "bad_request"),
+        ("/cluster/members", r#"{"promote": [9]}"#, 404, "unknown_node"),
+        ("/cluster/members", r#"{"remove": [9]}"#, 404, "unknown_node"),
+        ("/cluster/members", r#"{"promote": [1], "remove": [1]}"#, 400, "bad_request"),
+        ("/cluster/members", r#"{"remove": [1]}"#, 400, "last_voter"),
+        ("/cluster/members", r#"{"remove": [-1]}"#, 400, "bad_request"),
+    ];
+    for (path, body, status, code) in cases {
+        let (got_status, got_body) = post(&cluster, 1, path, body).await;
+        assert_eq!((got_status, got_body["code"].as_str().unwrap()), (*status, *code), "{path} {body}: {got_body}");
+        assert!(!got_body["message"].as_str().unwrap().is_empty());
+    }
+    // After all that the node still serves, and is still the only voter.
+    assert_eq!(cluster.set(1, "k", "v").await.unwrap().response, Response::Ok);
+    let status = cluster.status(1).await.unwrap();
+    assert_eq!(status["voters"], json!([{"id": 1, "address": cluster.url(1)}]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_send_membership_changes_to_the_leader() {
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader().await;
+    let follower = cluster.running().into_iter().find(|id| *id != leader).unwrap();
+    for (path, body) in [
+        ("/cluster/members", r#"{"remove": [3]}"#),
+        ("/cluster/learners", r#"{"id": 7, "address": "http://127.0.0.1:1"}"#),
+    ] {
+        let (status, body) = post(&cluster, follower, path, body).await;
+        assert_eq!(status, 421, "{body}");
+        assert_eq!(body["leader_id"].as_u64(), Some(leader));
+        assert_eq!(body["leader_address"].as_str(), Some(cluster.url(leader).as_str()));
+    }
+    assert_eq!(cluster.status(leader).await.unwrap()["voters"].as_array().unwrap().len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_and_command_routes_refuse_malformed_bodies() {
+    let cluster = Cluster::start(1, &[]).await;
+    for path in ["/raft/append", "/raft/vote", "/raft/snapshot"] {
+        let response = cluster.http.post(format!("{}{path}", cluster.url(1))).body(vec![0xFF; 7]).send().await.unwrap();
+        assert_eq!(response.status(), 400, "{path}");
+    }
+    // A malformed RESP3 request is the protocol's error, not an HTTP one.
+    let answer = cluster.command(1, b"*1\r\n$3\r\nGE".to_vec(), None, "").await.unwrap();
+    assert!(matches!(answer.response, Response::Error(_)), "{answer:?}");
+    let answer = cluster.command(1, statestore_protocol::Set::new("k", "v").encode(), None, "").await.unwrap();
+    assert_eq!(answer.response.encode(), b"-ERR missing timestamp\r\n".to_vec());
+    for query in ["?consistency=stale", "?other=1"] {
+        match cluster.command(1, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n".to_vec(), None, query).await {
+            Err(common::Refused::Status(400, body)) => assert_eq!(body["code"], "bad_request"),
+            other => panic!("{query}: {other:?}"),
+        }
+    }
+    let missing = cluster.http.get(format!("{}/no/such/route", cluster.url(1))).send().await.unwrap();
+    assert_eq!(missing.status(), 404);
+    assert_eq!(missing.json::<Value>().await.unwrap()["code"], "not_found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readiness_metrics_and_a_graceful_stop() {
+    let mut cluster = Cluster::start(1, &[]).await;
+    for path in ["/health", "/ready"] {
+        let response = cluster.http.get(format!("{}{path}", cluster.url(1))).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+    }
+    cluster.set(1, "k", "v").await.unwrap();
+    let text = cluster.metrics(1).await;
+    for name in [
+        "statestore_raft_term",
+        "statestore_raft_is_leader",
+        "statestore_raft_has_leader",
+        "statestore_raft_leader_changes_seen_total",
+        "statestore_raft_last_log_index",
+        "statestore_raft_committed_index",
+        "statestore_raft_applied_index",
+        "statestore_disk_wal_fsync_duration_seconds_count",
+        "statestore_apply_duration_seconds_count",
+        "statestore_proposal_duration_seconds_count",
+    ] {
+        assert!(metric(&text, name).is_some(), "{name} missing from\n{text}");
+    }
+    assert_eq!(metric(&text, "statestore_raft_is_leader"), Some(1.0));
+    assert!(metric(&text, "statestore_raft_applied_index").unwrap() >= 2.0);
+    assert!(metric(&text, "statestore_disk_wal_fsync_duration_seconds_count").unwrap() >= 1.0);
+
+    let status = cluster.terminate(1);
+    assert!(status.success(), "SIGTERM ended the node with {status:?}\n{}", cluster.logs());
+    cluster.spawn(1);
+    cluster.wait_leader().await;
+    assert_eq!(cluster.get(1, "k").await.unwrap().response, Response::Value(b"v".to_vec()));
+}
+
+#[test]
+fn a_wrong_configuration_is_refused_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&[], "--id is required"),
+        (&["--id", "1", "--initial-members", "1=http://127.0.0.1:1,x"], "--initial-members"),
+        (&["--id", "1", "--heartbeat-ms", "100", "--election-min-ms", "150"], "timings"),
+        (&["--id", "1", "--listen", "not-an-address"], "invalid value"),
+    ];
+    for (args, expected) in cases {
+        let output = Command::new(env!("CARGO_BIN_EXE_statestore"))
+            .args(*args)
+            .arg("--data-dir")
+            .arg(dir.path())
+            .env_clear()
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}

@@ -1,0 +1,129 @@
+//! Snapshots, learners, promotion and removal on real node processes.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{metric, Cluster, DEADLINE};
+use statestore_protocol::Response;
+
+/// Snapshot after 40 entries and keep no log below it, so a node that misses more than that can
+/// only catch up from a snapshot.
+const SNAPSHOT_OFTEN: &[&str] = &["--snapshot-every", "40", "--logs-kept", "0"];
+
+async fn write_keys(cluster: &Cluster, prefix: &str, count: usize) -> Vec<(String, String)> {
+    let mut written = Vec::new();
+    for i in 0..count {
+        let key = format!("{prefix}-{i}");
+        let answer = cluster.set_anywhere(&key, &format!("value of {key}"), DEADLINE).await;
+        written.push((key, answer.version.unwrap()));
+    }
+    written
+}
+
+async fn assert_local_state(cluster: &Cluster, id: u64, written: &[(String, String)]) {
+    for (key, version) in written {
+        let local = cluster.get_local(id, key).await.unwrap();
+        assert_eq!(local.response, Response::Value(format!("value of {key}").into_bytes()), "{key} on node {id}");
+        assert_eq!(local.version.as_ref(), Some(version), "{key} on node {id}");
+    }
+}
+
+async fn wait_purged_past(cluster: &Cluster, id: u64, index: u64) {
+    let until = Instant::now() + DEADLINE;
+    while cluster.status(id).await.unwrap()["purged_index"].as_u64().unwrap() <= index {
+        assert!(Instant::now() < until, "node {id} never purged past {index}\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_missed_purged_log_catches_up_from_a_snapshot_and_restarts_with_the_same_state() {
+    let mut cluster = Cluster::start(3, SNAPSHOT_OFTEN).await;
+    let mut written = write_keys(&cluster, "early", 10).await;
+    let leader = cluster.wait_leader().await;
+    let down = cluster.running().into_iter().find(|id| *id != leader).unwrap();
+    let down_index = cluster.status(down).await.unwrap()["last_log_index"].as_u64().unwrap();
+    cluster.kill(down);
+
+    written.extend(write_keys(&cluster, "missed", 150).await);
+    let leader = cluster.wait_leader().await;
+    wait_purged_past(&cluster, leader, down_index).await;
+    assert!(metric(&cluster.metrics(leader).await, "statestore_snapshots_total").unwrap() >= 1.0);
+
+    cluster.spawn(down);
+    let leader_applied = cluster.status(leader).await.unwrap()["applied_index"].as_u64().unwrap();
+    cluster.wait_applied(down, leader_applied).await;
+    let metrics = cluster.metrics(down).await;
+    let installed = metric(&metrics, "statestore_snapshots_total{kind=\"installed\"}").unwrap_or(0.0);
+    assert!(installed >= 1.0, "node {down} caught up without installing a snapshot:\n{metrics}");
+    assert_local_state(&cluster, down, &written).await;
+
+    // Restart it from its snapshot plus the log after it: the same state.
+    written.extend(write_keys(&cluster, "after", 5).await);
+    let leader_applied = cluster.status(cluster.wait_leader().await).await.unwrap()["applied_index"].as_u64().unwrap();
+    cluster.wait_applied(down, leader_applied).await;
+    assert!(cluster.terminate(down).success());
+    cluster.spawn(down);
+    cluster.wait_applied(down, leader_applied).await;
+    assert_local_state(&cluster, down, &written).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_joins_a_loaded_cluster_is_promoted_and_a_member_is_removed() {
+    let mut cluster = Cluster::start(3, SNAPSHOT_OFTEN).await;
+    let mut written = write_keys(&cluster, "load", 120).await;
+    let leader = cluster.wait_leader().await;
+
+    cluster.start_new_node(4);
+    let added = cluster
+        .http
+        .post(format!("{}/cluster/learners", cluster.url(leader)))
+        .json(&serde_json::json!({"id": 4, "address": cluster.url(4)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 200, "{}", added.text().await.unwrap());
+    let added: serde_json::Value = added.json().await.unwrap();
+    assert_eq!(added["caught_up"], true);
+    let status = cluster.status(leader).await.unwrap();
+    assert_eq!(status["learners"][0]["id"], 4);
+    // Caught up means it has the log; applying it may take a moment longer.
+    cluster.wait_applied(4, status["applied_index"].as_u64().unwrap()).await;
+    assert_local_state(&cluster, 4, &written).await;
+
+    let promoted = cluster
+        .http
+        .post(format!("{}/cluster/members", cluster.url(leader)))
+        .json(&serde_json::json!({"promote": [4]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(promoted.status(), 200);
+    let status: serde_json::Value = promoted.json().await.unwrap();
+    let voters: Vec<u64> = status["voters"].as_array().unwrap().iter().map(|m| m["id"].as_u64().unwrap()).collect();
+    assert_eq!(voters, vec![1, 2, 3, 4]);
+    assert!(status["learners"].as_array().unwrap().is_empty());
+
+    // Remove the leader itself: the rest elect a new one and keep working.
+    let removed = cluster
+        .http
+        .post(format!("{}/cluster/members", cluster.url(leader)))
+        .json(&serde_json::json!({"remove": [leader]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 200);
+    cluster.kill(leader);
+    let new_leader = cluster.wait_leader().await;
+    assert_ne!(new_leader, leader);
+    let status = cluster.status(new_leader).await.unwrap();
+    let voters: Vec<u64> = status["voters"].as_array().unwrap().iter().map(|m| m["id"].as_u64().unwrap()).collect();
+    assert!(!voters.contains(&leader) && voters.len() == 3, "{voters:?}");
+    written.extend(write_keys(&cluster, "after-removal", 20).await);
+    let applied = cluster.status(new_leader).await.unwrap()["applied_index"].as_u64().unwrap();
+    for id in cluster.running() {
+        cluster.wait_applied(id, applied).await;
+        assert_local_state(&cluster, id, &written).await;
+    }
+}

@@ -1,0 +1,146 @@
+//! Three real node processes: replication, linearizable reads, redirects, durability across
+//! `kill -9`, leader failover.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Cluster, Refused, DEADLINE};
+use statestore_protocol::Response;
+use tokio::sync::Mutex;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_on_the_leader_reach_every_node_and_followers_redirect() {
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader().await;
+    let mut versions = BTreeMap::new();
+    for i in 0..50 {
+        let answer = cluster.set(leader, &format!("key-{i}"), &format!("value-{i}")).await.unwrap();
+        assert_eq!(answer.response, Response::Ok);
+        versions.insert(i, answer.version.expect("a SET answers with the new version"));
+    }
+    // Versions are one cluster-wide HLC: strictly increasing.
+    let ordered: Vec<_> = versions.values().cloned().collect();
+    assert!(ordered.windows(2).all(|w| w[0].parse::<statestore_protocol::Hlc>().unwrap() < w[1].parse().unwrap()));
+
+    // A linearizable read on the leader sees the latest write at once.
+    let read = cluster.get(leader, "key-49").await.unwrap();
+    assert_eq!(read.response, Response::Value(b"value-49".to_vec()));
+    assert_eq!(read.version.as_ref(), versions.get(&49));
+
+    let leader_index = cluster.status(leader).await.unwrap()["applied_index"].as_u64().unwrap();
+    for follower in cluster.running().into_iter().filter(|id| *id != leader) {
+        // A follower sends linearizable reads and writes to the leader, with its address.
+        for refused in [cluster.get(follower, "key-1").await, cluster.set(follower, "k", "v").await] {
+            match refused {
+                Err(Refused::Status(421, body)) => {
+                    assert_eq!(body["code"], "not_leader");
+                    assert_eq!(body["leader_id"].as_u64(), Some(leader));
+                    assert_eq!(body["leader_address"].as_str(), Some(cluster.url(leader).as_str()));
+                }
+                other => panic!("a follower answered {other:?}"),
+            }
+        }
+        // Every write is applied on every follower, with the same version.
+        cluster.wait_applied(follower, leader_index).await;
+        for (i, version) in &versions {
+            let local = cluster.get_local(follower, &format!("key-{i}")).await.unwrap();
+            assert_eq!(local.response, Response::Value(format!("value-{i}").into_bytes()));
+            assert_eq!(local.version.as_ref(), Some(version));
+        }
+        let status = cluster.status(follower).await.unwrap();
+        assert_eq!(status["role"], "follower");
+        assert_eq!(status["voters"].as_array().unwrap().len(), 3);
+    }
+}
+
+/// Every write whose proposal returned survives `kill -9` of every node at once, with the
+/// version it was acknowledged with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_survive_killing_every_node() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader().await;
+    let acknowledged = Arc::new(Mutex::new(BTreeMap::new()));
+    let url = cluster.url(leader);
+    let mut writers = Vec::new();
+    for writer in 0..8 {
+        let acknowledged = acknowledged.clone();
+        let http = cluster.http.clone();
+        let url = url.clone();
+        writers.push(tokio::spawn(async move {
+            for i in 0.. {
+                let key = format!("w{writer}-{i}");
+                let sent = http
+                    .post(format!("{url}/v1/command"))
+                    .header("statestore-ts", common::timestamp())
+                    .body(statestore_protocol::Set::new(key.as_str(), key.as_str()).encode())
+                    .send()
+                    .await;
+                let Ok(response) = sent else { return };
+                if response.status() != 200 {
+                    return;
+                }
+                let version = response.headers()["statestore-ts"].to_str().unwrap().to_string();
+                let Ok(body) = response.bytes().await else { return };
+                assert_eq!(&body[..], b"+OK\r\n");
+                acknowledged.lock().await.insert(key, version);
+            }
+        }));
+    }
+    // Let the writers run, then pull the plug on all three mid-stream.
+    let until = Instant::now() + DEADLINE;
+    while acknowledged.lock().await.len() < 300 {
+        assert!(Instant::now() < until, "writes are too slow\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for id in [1, 2, 3] {
+        cluster.kill(id);
+    }
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let acknowledged = acknowledged.lock().await.clone();
+    for id in [1, 2, 3] {
+        cluster.spawn(id);
+    }
+    let leader = cluster.wait_leader().await;
+    for (key, version) in &acknowledged {
+        let read = cluster.get(leader, key).await.unwrap();
+        assert_eq!(read.response, Response::Value(key.clone().into_bytes()), "{key} was acknowledged, then lost");
+        assert_eq!(read.version.as_ref(), Some(version), "{key} came back with another version");
+    }
+    eprintln!("{} acknowledged writes survived kill -9 of all nodes", acknowledged.len());
+}
+
+/// `kill -9` the leader: a new one is elected and writes resume. Prints the time from the kill
+/// to the first successful write for each of 10 trials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_takes_over_after_the_leader_is_killed() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let mut timings = Vec::new();
+    for trial in 0..10 {
+        let leader = cluster.wait_leader().await;
+        cluster.set_anywhere(&format!("before-{trial}"), "x", DEADLINE).await;
+        let killed = Instant::now();
+        cluster.kill(leader);
+        let written = cluster.set_anywhere(&format!("after-{trial}"), "y", DEADLINE).await;
+        let took = killed.elapsed();
+        assert_eq!(written.response, Response::Ok);
+        let new_leader = cluster.wait_leader().await;
+        assert_ne!(new_leader, leader);
+        // Nothing acknowledged before the kill is lost.
+        for earlier in 0..=trial {
+            let read = cluster.get(new_leader, &format!("before-{earlier}")).await.unwrap();
+            assert_eq!(read.response, Response::Value(b"x".to_vec()));
+        }
+        timings.push(took);
+        cluster.spawn(leader);
+        cluster.wait_leader().await;
+    }
+    let mut millis: Vec<u128> = timings.iter().map(|t| t.as_millis()).collect();
+    eprintln!("failover, kill -9 of the leader to the first successful write (ms): {millis:?}");
+    millis.sort_unstable();
+    eprintln!("failover median {} ms, max {} ms", millis[millis.len() / 2], millis[millis.len() - 1]);
+}

@@ -1,0 +1,143 @@
+//! The node's one RocksDB: the Raft log, the Raft metadata and the state-machine tables, each in
+//! its own column family. One database means one write-ahead log, so a state-machine batch that
+//! survives a crash implies every log write before it survived too.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use statestore_statemachine::storage::ScanPage;
+use statestore_statemachine::{Batch, StorageError, StorageRead, Table};
+
+/// Log index (u64 BE) → a bincode-encoded log entry.
+pub const LOG_CF: &str = "raft_log";
+/// Vote, committed log id, last purged log id.
+pub const RAFT_META_CF: &str = "raft_meta";
+
+/// Every column family of the database, in a fixed order.
+pub fn column_families() -> Vec<&'static str> {
+    let mut names = vec![LOG_CF, RAFT_META_CF];
+    names.extend(Table::ALL.iter().map(|table| table.name()));
+    names
+}
+
+/// Opens (or creates) the database at `path` with every column family.
+pub fn open(path: &Path) -> Result<Arc<DB>, rocksdb::Error> {
+    let mut options = Options::default();
+    options.create_if_missing(true);
+    options.create_missing_column_families(true);
+    // Writes from the log store and the state machine go through one WAL; the log store syncs it.
+    options.set_max_total_wal_size(256 << 20);
+    let descriptors = column_families().into_iter().map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+    Ok(Arc::new(DB::open_cf_descriptors(&options, path, descriptors)?))
+}
+
+pub fn cf<'a>(db: &'a DB, name: &str) -> &'a ColumnFamily {
+    db.cf_handle(name).unwrap_or_else(|| panic!("column family {name} is created when the database opens"))
+}
+
+/// Options for a write that must be on disk before the call returns.
+pub fn synced() -> WriteOptions {
+    let mut options = WriteOptions::default();
+    options.set_sync(true);
+    options
+}
+
+pub fn backend(error: rocksdb::Error) -> StorageError {
+    StorageError::Backend(error.into_string())
+}
+
+/// The state-machine tables of a database, read directly: every read sees the latest applied
+/// batch, and a batch is never half visible.
+#[derive(Clone, Copy)]
+pub struct Tables<'a> {
+    pub db: &'a DB,
+}
+
+impl StorageRead for Tables<'_> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        self.db.get_cf(cf(self.db, table.name()), key).map_err(backend)
+    }
+
+    fn scan(&self, table: Table, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Result<ScanPage, StorageError> {
+        let start = match after {
+            Some(after) if after >= prefix => {
+                let mut next = after.to_vec();
+                next.push(0);
+                next
+            }
+            _ => prefix.to_vec(),
+        };
+        let mut page = Vec::new();
+        if limit == 0 {
+            return Ok(page);
+        }
+        let iter = self.db.iterator_cf(cf(self.db, table.name()), IteratorMode::From(&start, Direction::Forward));
+        for item in iter {
+            let (key, value) = item.map_err(backend)?;
+            if !key.starts_with(prefix) {
+                break;
+            }
+            page.push((key.into_vec(), value.into_vec()));
+            if page.len() == limit {
+                break;
+            }
+        }
+        Ok(page)
+    }
+}
+
+/// Adds a state-machine [`Batch`] to a RocksDB write batch.
+pub fn add_to(write_batch: &mut WriteBatch, db: &DB, batch: Batch) {
+    for (table, key, value) in batch.writes {
+        let cf = cf(db, table.name());
+        match value {
+            Some(value) => write_batch.put_cf(cf, key, value),
+            None => write_batch.delete_cf(cf, key),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use statestore_statemachine::{MemStorage, Storage};
+
+    use super::*;
+
+    /// The RocksDB tables answer scans exactly as the in-memory storage the state machine is
+    /// tested against.
+    #[test]
+    fn scans_match_the_in_memory_storage() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(dir.path()).unwrap();
+        let mut mem = MemStorage::new();
+        let keys: Vec<&[u8]> = vec![b"", b"a", b"a\0", b"ab", b"abc", b"ab\xff", b"b", b"\xff\xff", b"abd"];
+        let batch = Batch {
+            writes: keys
+                .iter()
+                .flat_map(|k| {
+                    [(Table::Keys, k.to_vec(), Some(k.to_vec())), (Table::Meta, k.to_vec(), Some(b"m".to_vec()))]
+                })
+                .collect(),
+        };
+        let mut write_batch = WriteBatch::default();
+        add_to(&mut write_batch, &db, batch.clone());
+        db.write(write_batch).unwrap();
+        mem.write(batch).unwrap();
+        let tables = Tables { db: &db };
+        let probes: Vec<&[u8]> = vec![b"", b"a", b"ab", b"abc", b"b", b"c", b"\xff"];
+        for prefix in &probes {
+            for after in probes.iter().map(|p| Some(*p)).chain([None]) {
+                for limit in [0, 1, 2, 100] {
+                    assert_eq!(
+                        tables.scan(Table::Keys, prefix, after, limit).unwrap(),
+                        mem.scan(Table::Keys, prefix, after, limit).unwrap(),
+                        "prefix {prefix:?} after {after:?} limit {limit}"
+                    );
+                }
+            }
+        }
+        assert_eq!(tables.get(Table::Meta, b"ab").unwrap(), Some(b"m".to_vec()));
+        assert_eq!(tables.get(Table::Meta, b"zz").unwrap(), None);
+    }
+}

@@ -1,0 +1,99 @@
+//! Raft for the state store: openraft's type configuration, the log and state-machine stores on
+//! RocksDB, snapshots, and the HTTP network between nodes.
+//!
+//! # Layout
+//! - [`types`]: [`TypeConfig`] and aliases of openraft's generic types.
+//! - [`db`]: the one RocksDB per node and its column families.
+//! - [`log_store`]: the log (fsynced before openraft is told it is on disk) and the vote.
+//! - [`state_store`]: apply (one write batch per call), snapshot build and install.
+//! - [`snapshot`]: the snapshot byte format and the file that keeps the latest snapshot.
+//! - [`network`]: the HTTP client side of the Raft RPCs; [`wire`]: their encoding.
+//! - [`metrics`]: fsync, apply and snapshot metrics.
+
+// openraft's traits return its own `StorageError`, which is large; boxing it would only add
+// conversions at every trait boundary.
+#![allow(clippy::result_large_err)]
+
+pub mod db;
+pub mod log_store;
+pub mod metrics;
+pub mod network;
+pub mod snapshot;
+pub mod state_store;
+pub mod types;
+pub mod wire;
+
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use rocksdb::DB;
+use statestore_protocol::Request;
+use statestore_statemachine::{Config, DueKey, Reply, StateMachine, StorageError};
+
+pub use log_store::LogStore;
+pub use metrics::StorageMetrics;
+pub use network::NetworkFactory;
+pub use state_store::StateStore;
+pub use types::{ApplyResult, Node, NodeId, Raft, TypeConfig};
+
+/// Why a node's storage could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("opening RocksDB at {path}: {source}")]
+    Db { path: String, source: rocksdb::Error },
+    #[error("preparing {path}: {source}")]
+    Io { path: String, source: io::Error },
+}
+
+/// A node's storage: the two halves openraft owns, and a reader for the node itself.
+pub struct NodeStorage {
+    pub log: LogStore,
+    pub state: StateStore,
+    pub reader: StateReader,
+}
+
+/// Opens the storage in `data_dir` (RocksDB in `db/`, the latest snapshot in `snapshots/`).
+pub fn open(data_dir: &Path, config: Config, metrics: StorageMetrics) -> Result<NodeStorage, OpenError> {
+    let io_error = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| OpenError::Io { path, source }
+    };
+    std::fs::create_dir_all(data_dir).map_err(io_error(data_dir))?;
+    let db_path = data_dir.join("db");
+    let db = db::open(&db_path).map_err(|source| OpenError::Db { path: db_path.display().to_string(), source })?;
+    let snapshot_path = data_dir.join("snapshots");
+    let snapshots = snapshot::SnapshotDir::new(&snapshot_path).map_err(io_error(&snapshot_path))?;
+    let committed = Arc::new(AtomicU64::new(0));
+    let machine = StateMachine::new(config);
+    let log = LogStore::new(db.clone(), metrics.clone(), committed.clone()).map_err(io_error(data_dir))?;
+    let state = StateStore::new(db.clone(), machine.clone(), snapshots, metrics);
+    Ok(NodeStorage { log, state, reader: StateReader { db, machine, committed } })
+}
+
+/// Reads the node's applied state without going through Raft. Whether a read is linearizable is
+/// up to the caller (see `ensure_linearizable`).
+#[derive(Clone)]
+pub struct StateReader {
+    db: Arc<DB>,
+    machine: StateMachine,
+    committed: Arc<AtomicU64>,
+}
+
+impl StateReader {
+    /// Answers a GET or SCAN from the applied state; `None` for commands that write.
+    pub fn read(&self, request: &Request, wall_clock_ms: u64) -> Result<Option<Reply>, StorageError> {
+        self.machine.read(&db::Tables { db: &self.db }, request, wall_clock_ms)
+    }
+
+    /// Keys whose deadline has passed at `now`, oldest first.
+    pub fn due_keys(&self, now: u64, limit: usize) -> Result<Vec<DueKey>, StorageError> {
+        statestore_statemachine::keyspace::due_keys(&db::Tables { db: &self.db }, now, limit)
+    }
+
+    /// The last committed log index this node knows of (0 before the first).
+    pub fn committed_index(&self) -> u64 {
+        self.committed.load(Ordering::Acquire)
+    }
+}

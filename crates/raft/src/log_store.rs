@@ -1,0 +1,224 @@
+//! The Raft log on RocksDB.
+//!
+//! An append writes its entries to the log column family and returns at once, so they are
+//! readable; a dedicated thread then fsyncs the write-ahead log and only then tells openraft the
+//! entries are on disk. Appends that arrive while an fsync runs share the next one (group commit).
+//! Votes are written with a synced write before `save_vote` returns.
+
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{AnyError, LogState, OptionalSend, RaftLogReader, StorageIOError};
+use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::db::{cf, synced, LOG_CF, RAFT_META_CF};
+use crate::metrics::StorageMetrics;
+use crate::types::{LogEntry, LogId, RaftStorageError, TypeConfig, Vote};
+use crate::wire::{decode, encode};
+
+const VOTE: &[u8] = b"vote";
+const COMMITTED: &[u8] = b"committed";
+const LAST_PURGED: &[u8] = b"last_purged";
+
+fn index_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+fn index_of(key: &[u8]) -> Result<u64, RaftStorageError> {
+    let bytes: [u8; 8] =
+        key.try_into().map_err(|_| StorageIOError::read_logs(AnyError::error("log key is not 8 bytes")))?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+/// Reads log entries; shared by the replication tasks.
+#[derive(Clone)]
+pub struct LogReader {
+    db: Arc<DB>,
+}
+
+impl LogReader {
+    fn meta<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, RaftStorageError> {
+        let read = |e: &dyn std::error::Error| StorageIOError::read(AnyError::error(e.to_string()));
+        match self.db.get_cf(cf(&self.db, RAFT_META_CF), key).map_err(|e| read(&e))? {
+            Some(bytes) => Ok(Some(decode(&bytes).map_err(|e| read(&e))?)),
+            None => Ok(None),
+        }
+    }
+
+    fn last_entry_id(&self) -> Result<Option<LogId>, RaftStorageError> {
+        let mut iter = self.db.iterator_cf(cf(&self.db, LOG_CF), IteratorMode::End);
+        match iter.next() {
+            Some(item) => {
+                let (_, value) = item.map_err(|e| StorageIOError::read_logs(&e))?;
+                let entry: LogEntry = decode(&value).map_err(|e| StorageIOError::read_logs(&e))?;
+                Ok(Some(entry.log_id))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogReader {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<LogEntry>, RaftStorageError> {
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let mut entries = Vec::new();
+        let iter = self.db.iterator_cf(cf(&self.db, LOG_CF), IteratorMode::From(&index_key(start), Direction::Forward));
+        for item in iter {
+            let (key, value) = item.map_err(|e| StorageIOError::read_logs(&e))?;
+            let index = index_of(&key)?;
+            if !range.contains(&index) {
+                break;
+            }
+            entries.push(decode(&value).map_err(|e| StorageIOError::read_log_at_index(index, &e))?);
+        }
+        Ok(entries)
+    }
+}
+
+/// The Raft log store. Owned by openraft.
+pub struct LogStore {
+    reader: LogReader,
+    flushes: mpsc::Sender<LogFlushed<TypeConfig>>,
+    committed: Arc<AtomicU64>,
+}
+
+impl LogStore {
+    /// A log store over `db`. `committed` follows the committed log index (0 before any).
+    pub(crate) fn new(db: Arc<DB>, metrics: StorageMetrics, committed: Arc<AtomicU64>) -> io::Result<LogStore> {
+        let (flushes, pending) = mpsc::channel();
+        let flusher_db = db.clone();
+        std::thread::Builder::new()
+            .name("raft-log-fsync".into())
+            .spawn(move || flush_loop(&flusher_db, &pending, &metrics))?;
+        Ok(LogStore { reader: LogReader { db }, flushes, committed })
+    }
+
+    fn db(&self) -> &DB {
+        &self.reader.db
+    }
+
+    fn put_meta<T: Serialize>(&self, key: &[u8], value: &T, sync: bool) -> Result<(), RaftStorageError> {
+        let bytes = encode(value).map_err(|e| StorageIOError::write(&e))?;
+        let options = if sync { synced() } else { rocksdb::WriteOptions::default() };
+        self.db()
+            .put_cf_opt(cf(self.db(), RAFT_META_CF), key, bytes, &options)
+            .map_err(|e| StorageIOError::write(&e))?;
+        Ok(())
+    }
+}
+
+/// Waits for appends, fsyncs the WAL once for all that are waiting, then reports them in order.
+fn flush_loop(db: &DB, pending: &mpsc::Receiver<LogFlushed<TypeConfig>>, metrics: &StorageMetrics) {
+    while let Ok(first) = pending.recv() {
+        let mut callbacks = vec![first];
+        callbacks.extend(pending.try_iter());
+        let started = Instant::now();
+        let result = db.flush_wal(true);
+        metrics.wal_fsync_seconds.observe(started.elapsed().as_secs_f64());
+        for callback in callbacks {
+            callback.log_io_completed(result.as_ref().map(|_| ()).map_err(|e| io::Error::other(e.to_string())));
+        }
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<LogEntry>, RaftStorageError> {
+        self.reader.try_get_log_entries(range).await
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogReader;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, RaftStorageError> {
+        let last_purged_log_id: Option<LogId> = self.reader.meta(LAST_PURGED)?;
+        let last_log_id = self.reader.last_entry_id()?.or(last_purged_log_id);
+        Ok(LogState { last_purged_log_id, last_log_id })
+    }
+
+    async fn get_log_reader(&mut self) -> LogReader {
+        self.reader.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), RaftStorageError> {
+        self.put_meta(VOTE, vote, true)
+            .map_err(|_| StorageIOError::write_vote(AnyError::error("synced write failed")))?;
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, RaftStorageError> {
+        self.reader.meta(VOTE)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), RaftStorageError> {
+        // Not synced: a committed index that is lost in a crash is learned again from the leader.
+        self.put_meta(COMMITTED, &committed, false)?;
+        self.committed.store(committed.map_or(0, |id| id.index), Ordering::Release);
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, RaftStorageError> {
+        let committed: Option<Option<LogId>> = self.reader.meta(COMMITTED)?;
+        let committed = committed.flatten();
+        self.committed.store(committed.map_or(0, |id| id.index), Ordering::Release);
+        Ok(committed)
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), RaftStorageError>
+    where
+        I: IntoIterator<Item = LogEntry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let log = cf(self.db(), LOG_CF);
+        let mut batch = WriteBatch::default();
+        for entry in entries {
+            let bytes = encode(&entry).map_err(|e| StorageIOError::write_log_entry(entry.log_id, &e))?;
+            batch.put_cf(log, index_key(entry.log_id.index), bytes);
+        }
+        // Written (and so readable) now; on disk once the flusher's fsync returns.
+        self.db().write(batch).map_err(|e| StorageIOError::write_logs(&e))?;
+        self.flushes
+            .send(callback)
+            .map_err(|_| StorageIOError::write_logs(AnyError::error("the log fsync thread has stopped")))?;
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
+        let log = cf(self.db(), LOG_CF);
+        let mut batch = WriteBatch::default();
+        for item in self.db().iterator_cf(log, IteratorMode::From(&index_key(log_id.index), Direction::Forward)) {
+            let (key, _) = item.map_err(|e| StorageIOError::write_logs(&e))?;
+            batch.delete_cf(log, key);
+        }
+        self.db().write(batch).map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
+        let mut batch = WriteBatch::default();
+        let bytes = encode(&log_id).map_err(|e| StorageIOError::write(&e))?;
+        // The purge mark and the deletion are one batch: the log never has a hole below it.
+        batch.put_cf(cf(self.db(), RAFT_META_CF), LAST_PURGED, bytes);
+        batch.delete_range_cf(cf(self.db(), LOG_CF), index_key(0), index_key(log_id.index.saturating_add(1)));
+        self.db().write(batch).map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,41 @@
+//! The openraft type configuration of the state store.
+
+use std::io::Cursor;
+
+use serde::{Deserialize, Serialize};
+use statestore_statemachine::Applied;
+
+/// A node's id: a positive integer chosen by the operator, never reused with an empty log.
+pub type NodeId = u64;
+
+/// A node's address as other nodes and clients reach it: `http://host:port`.
+pub type Node = openraft::BasicNode;
+
+openraft::declare_raft_types!(
+    /// The Raft types of the state store: log entries carry [`statestore_statemachine::Entry`],
+    /// and applying one yields an [`ApplyResult`].
+    pub TypeConfig:
+        D = statestore_statemachine::Entry,
+        R = ApplyResult,
+        NodeId = NodeId,
+        Node = Node,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// What applying one log entry produced. Blank and membership entries produce nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyResult {
+    pub applied: Option<Applied>,
+}
+
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type LogId = openraft::LogId<NodeId>;
+pub type Vote = openraft::Vote<NodeId>;
+pub type StoredMembership = openraft::StoredMembership<NodeId, Node>;
+pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, Node>;
+pub type Snapshot = openraft::Snapshot<TypeConfig>;
+pub type LogEntry = openraft::Entry<TypeConfig>;
+pub type RaftStorageError = openraft::StorageError<NodeId>;
+pub type RaftMetrics = openraft::RaftMetrics<NodeId, Node>;
