@@ -87,7 +87,7 @@ impl Node {
             ..Default::default()
         };
         let raft_config = Arc::new(raft_config.validate()?);
-        let network = NetworkFactory::new()?;
+        let network = NetworkFactory::new(config.heartbeat)?;
         let raft = Raft::new(config.id, raft_config, network, storage.log, storage.state).await?;
         let node = Arc::new(Node {
             id: config.id,
@@ -108,6 +108,12 @@ impl Node {
         if !initial_members.contains_key(&self.id) || self.raft.is_initialized().await? {
             return Ok(());
         }
+        // Initializing makes this node stand for election at once. If the others formed the
+        // cluster already, that would unseat their leader; wait for it to reach us instead.
+        if let Some(peer) = self.formed_elsewhere(initial_members).await {
+            tracing::info!(peer, "the cluster exists already; waiting for its leader");
+            return Ok(());
+        }
         let members: BTreeMap<NodeId, BasicNode> =
             initial_members.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
         match self.raft.initialize(members).await {
@@ -118,6 +124,19 @@ impl Node {
             Err(e) => return Err(e.into()),
         }
         Ok(())
+    }
+
+    /// An initial member that already belongs to an initialized cluster, if any answers.
+    async fn formed_elsewhere(&self, initial_members: &BTreeMap<NodeId, String>) -> Option<NodeId> {
+        let client = reqwest::Client::builder().timeout(Duration::from_millis(300)).build().ok()?;
+        for (id, address) in initial_members.iter().filter(|(id, _)| **id != self.id) {
+            let Ok(response) = client.get(format!("{address}/cluster")).send().await else { continue };
+            let Ok(status) = response.json::<serde_json::Value>().await else { continue };
+            if status["voters"].as_array().is_some_and(|voters| !voters.is_empty()) {
+                return Some(*id);
+            }
+        }
+        None
     }
 
     /// Executes a client request: GET and SCAN are read linearizably, everything else is

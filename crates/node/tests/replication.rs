@@ -144,3 +144,22 @@ async fn a_new_leader_takes_over_after_the_leader_is_killed() {
     millis.sort_unstable();
     eprintln!("failover median {} ms, max {} ms", millis[millis.len() / 2], millis[millis.len() - 1]);
 }
+
+/// An initial member that starts after the others formed the cluster joins it without an
+/// election: the leader and the term stay as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_initial_member_joins_without_unseating_the_leader() {
+    let mut cluster = Cluster::prepare(3, &[]);
+    cluster.spawn(1);
+    cluster.spawn(2);
+    let leader = cluster.wait_leader().await;
+    cluster.set(leader, "before", "x").await.unwrap();
+    let term = cluster.status(leader).await.unwrap()["term"].as_u64().unwrap();
+    cluster.spawn(3);
+    let applied = cluster.status(leader).await.unwrap()["applied_index"].as_u64().unwrap();
+    cluster.wait_applied(3, applied).await;
+    assert_eq!(cluster.wait_leader().await, leader);
+    let status = cluster.status(3).await.unwrap();
+    assert_eq!(status["term"].as_u64(), Some(term), "node 3 started an election");
+    assert_eq!(cluster.get_local(3, "before").await.unwrap().response, Response::Value(b"x".to_vec()));
+}

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
     VoteResponse,
@@ -27,16 +27,20 @@ pub const SNAPSHOT_PATH: &str = "/raft/snapshot";
 #[derive(Clone)]
 pub struct NetworkFactory {
     client: reqwest::Client,
+    retry_after: Duration,
 }
 
 impl NetworkFactory {
-    pub fn new() -> reqwest::Result<NetworkFactory> {
+    /// `retry_after` is how long to wait before trying an unreachable peer again. Keep it near the
+    /// heartbeat interval: a node that has just started hears the leader before its election
+    /// timeout passes, instead of starting an election that unseats a healthy leader.
+    pub fn new(retry_after: Duration) -> reqwest::Result<NetworkFactory> {
         let client = reqwest::Client::builder()
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_millis(500))
             .pool_idle_timeout(Duration::from_secs(30))
             .build()?;
-        Ok(NetworkFactory { client })
+        Ok(NetworkFactory { client, retry_after })
     }
 }
 
@@ -44,7 +48,12 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> PeerClient {
-        PeerClient { client: self.client.clone(), target, addr: node.addr.trim_end_matches('/').to_string() }
+        PeerClient {
+            client: self.client.clone(),
+            target,
+            addr: node.addr.trim_end_matches('/').to_string(),
+            retry_after: self.retry_after,
+        }
     }
 }
 
@@ -53,6 +62,7 @@ pub struct PeerClient {
     client: reqwest::Client,
     target: NodeId,
     addr: String,
+    retry_after: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +112,10 @@ impl PeerClient {
 }
 
 impl RaftNetwork<TypeConfig> for PeerClient {
+    fn backoff(&self) -> Backoff {
+        Backoff::new(std::iter::repeat(self.retry_after))
+    }
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,

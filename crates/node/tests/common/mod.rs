@@ -70,6 +70,16 @@ pub struct Cluster {
 impl Cluster {
     /// Starts nodes `1..=n` as the initial members of a new cluster and waits for a leader.
     pub async fn start(n: u64, extra_args: &[&str]) -> Cluster {
+        let mut cluster = Cluster::prepare(n, extra_args);
+        for id in 1..=n {
+            cluster.spawn(id);
+        }
+        cluster.wait_leader().await;
+        cluster
+    }
+
+    /// Nodes `1..=n` as the initial members of a new cluster, none started yet.
+    pub fn prepare(n: u64, extra_args: &[&str]) -> Cluster {
         let mut cluster = Cluster {
             dir: tempfile::tempdir().unwrap(),
             nodes: BTreeMap::new(),
@@ -82,10 +92,6 @@ impl Cluster {
         for (id, port) in (1..=n).zip(ports) {
             cluster.add_process(id, port, Some(members.clone()));
         }
-        for id in 1..=n {
-            cluster.spawn(id);
-        }
-        cluster.wait_leader().await;
         cluster
     }
 
