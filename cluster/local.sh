@@ -28,7 +28,8 @@ stop() {
   kill -TERM "${pids[@]}" 2>/dev/null || true
   wait "${pids[@]}" 2>/dev/null || true
 }
-trap stop EXIT INT TERM
+trap stop EXIT
+trap 'exit 130' INT TERM
 
 for id in 1 2 3; do
   "$binary" --id "$id" --listen "127.0.0.1:740$id" --data-dir "$data/node-$id" \
