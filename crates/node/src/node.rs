@@ -32,7 +32,8 @@ pub enum ExecuteError {
     Storage(String),
 }
 
-fn forward(to: &ForwardToLeader<NodeId, RaftNode>) -> ExecuteError {
+/// The error a front end answers with when openraft says another node leads.
+pub(crate) fn forward(to: &ForwardToLeader<NodeId, RaftNode>) -> ExecuteError {
     ExecuteError::ForwardToLeader {
         leader_id: to.leader_id,
         leader_address: to.leader_node.as_ref().map(|n| n.addr.clone()),

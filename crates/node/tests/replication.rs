@@ -163,3 +163,23 @@ async fn a_late_initial_member_joins_without_unseating_the_leader() {
     assert_eq!(status["term"].as_u64(), Some(term), "node 3 started an election");
     assert_eq!(cluster.get_local(3, "before").await.unwrap().response, Response::Value(b"x".to_vec()));
 }
+
+/// A leader cut off from its quorum answers neither reads nor writes: 503 `unavailable`, never a
+/// stale value or a false acknowledgement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_without_a_quorum_refuses_reads_and_writes() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader().await;
+    cluster.set(leader, "k", "v").await.unwrap();
+    for id in cluster.running().into_iter().filter(|id| *id != leader) {
+        cluster.kill(id);
+    }
+    for refused in [cluster.get(leader, "k").await, cluster.set(leader, "k", "w").await] {
+        match refused {
+            Err(Refused::Status(503, body)) => assert_eq!(body["code"], "unavailable"),
+            other => panic!("a leader without a quorum answered {other:?}"),
+        }
+    }
+    // Its own applied state still holds the last committed value.
+    assert_eq!(cluster.get_local(leader, "k").await.unwrap().response, Response::Value(b"v".to_vec()));
+}

@@ -17,7 +17,7 @@ use statestore_raft::types::RaftMetrics;
 use statestore_raft::NodeId;
 
 use super::ApiError;
-use crate::node::{ExecuteError, Node};
+use crate::node::{forward, ExecuteError, Node};
 
 /// How long `POST /cluster/learners` waits for the learner to catch up unless told otherwise.
 const DEFAULT_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -89,10 +89,7 @@ fn json_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
 
 fn membership_error(error: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ApiError {
     match error {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(to)) => {
-            ExecuteError::ForwardToLeader { leader_id: to.leader_id, leader_address: to.leader_node.map(|n| n.addr) }
-                .into()
-        }
+        RaftError::APIError(ClientWriteError::ForwardToLeader(to)) => forward(&to).into(),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(ChangeMembershipError::InProgress(e))) => {
             ApiError::new(StatusCode::CONFLICT, "change_in_progress", e.to_string())
         }
