@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the build and the tests need, if any is missing: libclang for
-# RocksDB's bindgen, a C++ compiler and make for RocksDB itself, procps for `kill` in the process
-# tests, curl for the local cluster script.
+# The Debian packages the build, the tests and the local cluster need: libclang for RocksDB's
+# bindgen, a C++ compiler and make for RocksDB itself, libssl-dev and pkg-config for the SDK
+# crates the conformance tests use, mosquitto as the broker, procps for `kill`, curl for the
+# scripts. `--check` only reports what is missing (exit 1); without it, missing ones are
+# installed with apt-get (as root, or through sudo).
 set -euo pipefail
 
-PACKAGES=(libclang-dev g++ make procps curl)
+PACKAGES=(libclang-dev g++ make pkg-config libssl-dev mosquitto procps curl)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
-if ((${#missing[@]})); then
-  echo "installing: ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+((${#missing[@]})) || exit 0
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo "
+if [[ "${1:-}" == "--check" ]]; then
+  echo "missing Debian packages: ${missing[*]}" >&2
+  echo "install them with:  ${SUDO}apt-get update && ${SUDO}apt-get install -y ${missing[*]}" >&2
+  exit 1
 fi
+echo "installing: ${missing[*]}"
+$SUDO apt-get update -q
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"

@@ -51,6 +51,45 @@ pub struct Args {
     /// Log filter, e.g. `info` or `statestore=debug,openraft=info`. Default `info`.
     #[arg(long, env = "STATESTORE_LOG")]
     pub log: Option<String>,
+    /// The MQTT5 broker to serve the state store protocol through, as `host:port`. Without it the
+    /// node serves only HTTP.
+    #[arg(long, env = "STATESTORE_BROKER")]
+    pub broker: Option<String>,
+    /// MQTT client id prefix; the node connects as `<prefix>-<id>`. Default `statestore`.
+    #[arg(long, env = "STATESTORE_BROKER_CLIENT_ID_PREFIX")]
+    pub broker_client_id_prefix: Option<String>,
+    /// Connect with TLS (system roots unless --broker-ca is given).
+    #[arg(long, env = "STATESTORE_BROKER_TLS")]
+    pub broker_tls: Option<bool>,
+    /// PEM file with the CA certificates that sign the broker's certificate (implies TLS).
+    #[arg(long, env = "STATESTORE_BROKER_CA")]
+    pub broker_ca: Option<PathBuf>,
+    /// PEM client certificate chain for mutual TLS (with --broker-key).
+    #[arg(long, env = "STATESTORE_BROKER_CERT")]
+    pub broker_cert: Option<PathBuf>,
+    /// PEM private key of --broker-cert.
+    #[arg(long, env = "STATESTORE_BROKER_KEY")]
+    pub broker_key: Option<PathBuf>,
+    /// MQTT user name.
+    #[arg(long, env = "STATESTORE_BROKER_USERNAME")]
+    pub broker_username: Option<String>,
+    /// MQTT password (prefer the environment variable or the config file over the flag).
+    #[arg(long, env = "STATESTORE_BROKER_PASSWORD", hide_env_values = true)]
+    pub broker_password: Option<String>,
+    /// How long the broker keeps this node's session (and the requests it has not acknowledged)
+    /// while the node is away, in seconds. Default 300.
+    #[arg(long, env = "STATESTORE_BROKER_SESSION_EXPIRY_SECS")]
+    pub broker_session_expiry_secs: Option<u32>,
+    /// MQTT keep-alive in seconds. Default 10.
+    #[arg(long, env = "STATESTORE_BROKER_KEEP_ALIVE_SECS")]
+    pub broker_keep_alive_secs: Option<u64>,
+    /// Most QoS 1 publishes (responses, notifications) in flight to the broker, and most
+    /// unacknowledged requests the broker may send this node. Default 1000.
+    #[arg(long, env = "STATESTORE_BROKER_INFLIGHT")]
+    pub broker_inflight: Option<u16>,
+    /// Largest MQTT packet accepted from the broker, in bytes. Default 16777216 (16 MiB).
+    #[arg(long, env = "STATESTORE_BROKER_MAX_PACKET_SIZE")]
+    pub broker_max_packet_size: Option<u32>,
 }
 
 /// The same settings, read from the TOML file.
@@ -68,6 +107,18 @@ struct FileConfig {
     snapshot_every: Option<u64>,
     logs_kept: Option<u64>,
     log: Option<String>,
+    broker: Option<String>,
+    broker_client_id_prefix: Option<String>,
+    broker_tls: Option<bool>,
+    broker_ca: Option<PathBuf>,
+    broker_cert: Option<PathBuf>,
+    broker_key: Option<PathBuf>,
+    broker_username: Option<String>,
+    broker_password: Option<String>,
+    broker_session_expiry_secs: Option<u32>,
+    broker_keep_alive_secs: Option<u64>,
+    broker_inflight: Option<u16>,
+    broker_max_packet_size: Option<u32>,
 }
 
 /// A complete, checked node configuration.
@@ -84,6 +135,30 @@ pub struct NodeConfig {
     pub snapshot_every: u64,
     pub logs_kept: u64,
     pub log: String,
+    /// The MQTT front end, when a broker is configured.
+    pub broker: Option<BrokerConfig>,
+}
+
+/// How a node reaches its MQTT5 broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerConfig {
+    pub host: String,
+    pub port: u16,
+    pub client_id: String,
+    pub tls: Option<TlsConfig>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub session_expiry: Duration,
+    pub keep_alive: Duration,
+    pub inflight: u16,
+    pub max_packet_size: u32,
+}
+
+/// TLS to the broker: the CA to trust (system roots when `None`) and an optional client identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    pub ca: Option<PathBuf>,
+    pub client_auth: Option<(PathBuf, PathBuf)>,
 }
 
 /// A configuration that cannot work.
@@ -101,6 +176,8 @@ pub enum ConfigError {
     Advertise(String),
     #[error("timings: {0}")]
     Timings(String),
+    #[error("broker: {0}")]
+    Broker(String),
 }
 
 impl NodeConfig {
@@ -113,6 +190,7 @@ impl NodeConfig {
         if id == 0 {
             return Err(ConfigError::ZeroId);
         }
+        let broker = broker_config(id, &args, &file)?;
         let listen = args.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7400)));
         let advertise = args.advertise.or(file.advertise).unwrap_or_else(|| format!("http://{listen}"));
         if !advertise.starts_with("http://") || advertise.len() <= "http://".len() {
@@ -141,6 +219,7 @@ impl NodeConfig {
             snapshot_every: args.snapshot_every.or(file.snapshot_every).unwrap_or(10_000),
             logs_kept: args.logs_kept.or(file.logs_kept).unwrap_or(1_000),
             log: args.log.or(file.log).unwrap_or_else(|| "info".to_string()),
+            broker,
         };
         config.check_timings()?;
         Ok(config)
@@ -162,6 +241,74 @@ impl NodeConfig {
         }
         Ok(())
     }
+}
+
+/// The broker settings, or `None` when no broker is given.
+fn broker_config(id: NodeId, args: &Args, file: &FileConfig) -> Result<Option<BrokerConfig>, ConfigError> {
+    let error = |detail: String| Err(ConfigError::Broker(detail));
+    let Some(address) = args.broker.clone().or(file.broker.clone()) else {
+        return Ok(None);
+    };
+    let Some((host, port)) = address.rsplit_once(':') else {
+        return error(format!("{address:?} is not host:port"));
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let Ok(port) = port.parse::<u16>() else {
+        return error(format!("{port:?} in {address:?} is not a port"));
+    };
+    if host.is_empty() || port == 0 {
+        return error(format!("{address:?} is not host:port"));
+    }
+    let prefix = args
+        .broker_client_id_prefix
+        .clone()
+        .or(file.broker_client_id_prefix.clone())
+        .unwrap_or_else(|| "statestore".to_string());
+    let ca = args.broker_ca.clone().or(file.broker_ca.clone());
+    let cert = args.broker_cert.clone().or(file.broker_cert.clone());
+    let key = args.broker_key.clone().or(file.broker_key.clone());
+    let client_auth = match (cert, key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => return error("--broker-cert and --broker-key go together".into()),
+    };
+    let tls_on = args.broker_tls.or(file.broker_tls).unwrap_or(false) || ca.is_some() || client_auth.is_some();
+    for path in ca.iter().chain(client_auth.iter().flat_map(|(c, k)| [c, k])) {
+        if !path.is_file() {
+            return error(format!("{} is not a readable file", path.display()));
+        }
+    }
+    let username = args.broker_username.clone().or(file.broker_username.clone());
+    let password = args.broker_password.clone().or(file.broker_password.clone());
+    if password.is_some() && username.is_none() {
+        return error("a password needs --broker-username".into());
+    }
+    let inflight = args.broker_inflight.or(file.broker_inflight).unwrap_or(1000);
+    if inflight == 0 {
+        return error("--broker-inflight must be positive".into());
+    }
+    let max_packet_size = args.broker_max_packet_size.or(file.broker_max_packet_size).unwrap_or(16 << 20);
+    if max_packet_size < 64 << 10 {
+        return error("--broker-max-packet-size must be at least 65536".into());
+    }
+    let keep_alive = args.broker_keep_alive_secs.or(file.broker_keep_alive_secs).unwrap_or(10);
+    if keep_alive < 5 {
+        return error("--broker-keep-alive-secs must be at least 5".into());
+    }
+    Ok(Some(BrokerConfig {
+        host: host.to_string(),
+        port,
+        client_id: format!("{prefix}-{id}"),
+        tls: tls_on.then_some(TlsConfig { ca, client_auth }),
+        username,
+        password,
+        session_expiry: Duration::from_secs(u64::from(
+            args.broker_session_expiry_secs.or(file.broker_session_expiry_secs).unwrap_or(300),
+        )),
+        keep_alive: Duration::from_secs(keep_alive),
+        inflight,
+        max_packet_size,
+    }))
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -237,6 +384,43 @@ mod tests {
             NodeConfig::from_args(args(&["--id", "1", "--advertise", "10.0.0.1:7400"])).unwrap_err(),
             ConfigError::Advertise(_)
         ));
+    }
+
+    #[test]
+    fn broker_settings_parse_and_wrong_ones_are_refused() {
+        assert_eq!(NodeConfig::from_args(args(&["--id", "1"])).unwrap().broker, None);
+        let broker = NodeConfig::from_args(args(&["--id", "4", "--broker", "127.0.0.1:1883"])).unwrap().broker.unwrap();
+        assert_eq!((broker.host.as_str(), broker.port, broker.client_id.as_str()), ("127.0.0.1", 1883, "statestore-4"));
+        assert_eq!((broker.tls, broker.inflight, broker.session_expiry), (None, 1000, Duration::from_secs(300)));
+        let named = NodeConfig::from_args(args(&[
+            "--id",
+            "2",
+            "--broker",
+            "mqtt.example:8883",
+            "--broker-tls",
+            "true",
+            "--broker-client-id-prefix",
+            "edge",
+        ]))
+        .unwrap()
+        .broker
+        .unwrap();
+        assert_eq!(named.client_id, "edge-2");
+        assert_eq!(named.tls, Some(TlsConfig { ca: None, client_auth: None }));
+        for bad in [
+            &["--broker", "nohost"][..],
+            &["--broker", "host:notaport"],
+            &["--broker", ":1883"],
+            &["--broker", "h:1", "--broker-cert", "/etc/hostname"],
+            &["--broker", "h:1", "--broker-ca", "/does/not/exist.pem"],
+            &["--broker", "h:1", "--broker-password", "p"],
+            &["--broker", "h:1", "--broker-inflight", "0"],
+            &["--broker", "h:1", "--broker-max-packet-size", "1000"],
+        ] {
+            let mut list = vec!["--id", "1"];
+            list.extend_from_slice(bad);
+            assert!(matches!(NodeConfig::from_args(args(&list)), Err(ConfigError::Broker(_))), "{bad:?}");
+        }
     }
 
     #[test]

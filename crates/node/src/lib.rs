@@ -7,11 +7,14 @@
 //!   [`ExecuteError::ForwardToLeader`].
 //! - [`http`]: the axum server — Raft RPC, the cluster API, health, readiness, metrics, commands.
 //! - [`metrics`]: the Prometheus registry and Raft gauges.
+//! - [`mqtt`]: the MQTT5 front end — the state store protocol through a broker, the follower
+//!   shadow, notifications and the expiry sweeper.
 //! - [`server`]: runs a node until SIGTERM or SIGINT.
 
 pub mod config;
 pub mod http;
 pub mod metrics;
+pub mod mqtt;
 pub mod node;
 pub mod server;
 

@@ -68,6 +68,8 @@ pub struct Node {
     pub raft: Raft,
     pub reader: StateReader,
     pub metrics: Metrics,
+    /// Whether the MQTT front end is connected to its broker, once it is started.
+    pub broker_connected: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Node {
@@ -96,6 +98,7 @@ impl Node {
             raft,
             reader: storage.reader,
             metrics,
+            broker_connected: std::sync::OnceLock::new(),
         });
         node.metrics.watch(node.clone());
         node.bootstrap(&config.initial_members).await?;

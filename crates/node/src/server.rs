@@ -10,11 +10,13 @@ use tokio::task::JoinHandle;
 
 use crate::config::NodeConfig;
 use crate::http;
+use crate::mqtt::FrontEnd;
 use crate::node::Node;
 
 /// A node serving HTTP in the background.
 pub struct RunningNode {
     pub node: Arc<Node>,
+    pub front_end: Option<Arc<FrontEnd>>,
     stop: oneshot::Sender<()>,
     served: JoinHandle<anyhow::Result<()>>,
 }
@@ -22,6 +24,9 @@ pub struct RunningNode {
 impl RunningNode {
     /// Stops accepting requests, lets the ones in flight finish, then stops Raft.
     pub async fn stop(self) -> anyhow::Result<()> {
+        if let Some(front_end) = &self.front_end {
+            front_end.stop().await;
+        }
         let _ = self.stop.send(());
         let served = self.served.await.context("the HTTP server task failed")?;
         self.node.shutdown().await;
@@ -35,6 +40,13 @@ pub async fn start(config: &NodeConfig) -> anyhow::Result<RunningNode> {
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
     let node = Node::start(config).await.context("starting the node")?;
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise, "serving");
+    let front_end = match &config.broker {
+        Some(broker) => {
+            tracing::info!(broker = %format!("{}:{}", broker.host, broker.port), client_id = %broker.client_id, "starting the MQTT front end");
+            Some(FrontEnd::start(node.clone(), broker).context("starting the MQTT front end")?)
+        }
+        None => None,
+    };
     let (stop, stopped) = oneshot::channel::<()>();
     let app = http::router(node.clone());
     let served = tokio::spawn(async move {
@@ -45,7 +57,7 @@ pub async fn start(config: &NodeConfig) -> anyhow::Result<RunningNode> {
             .await
             .context("serving HTTP")
     });
-    Ok(RunningNode { node, stop, served })
+    Ok(RunningNode { node, front_end, stop, served })
 }
 
 /// Serves until `stop` completes, then stops gracefully.

@@ -48,6 +48,9 @@ pub enum StoreError {
     /// The notification topic of this client and key would exceed MQTT's 65535-byte topic limit.
     #[error("{}", self.text())]
     KeyTooLongToObserve,
+    /// The MQTT request carries no correlation data, so no answer could be matched to it.
+    #[error("{}", self.text())]
+    MissingCorrelationData,
     /// An error text this crate does not know (only produced when decoding a server's reply).
     #[error("{0}")]
     Unknown(String),
@@ -55,7 +58,7 @@ pub enum StoreError {
 
 impl StoreError {
     /// Every variant with a fixed text, for exhaustive tests and for decoding.
-    pub const KNOWN: [StoreError; 14] = [
+    pub const KNOWN: [StoreError; 15] = [
         StoreError::TimestampSkew,
         StoreError::FencingTokenRequired,
         StoreError::FencingTokenSkew,
@@ -70,6 +73,7 @@ impl StoreError {
         StoreError::KeyLengthZero,
         StoreError::MissingClientId,
         StoreError::KeyTooLongToObserve,
+        StoreError::MissingCorrelationData,
     ];
 
     /// The text after `-ERR ` on the wire, byte-for-byte as the SDKs match it.
@@ -95,6 +99,7 @@ impl StoreError {
             StoreError::KeyLengthZero => "the key length is zero",
             StoreError::MissingClientId => "the request carries no client id",
             StoreError::KeyTooLongToObserve => "the key is too long to be observed",
+            StoreError::MissingCorrelationData => "the request carries no correlation data",
             StoreError::Unknown(text) => text,
         }
     }

@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use rocksdb::DB;
 use statestore_protocol::Request;
-use statestore_statemachine::{Config, DueKey, Reply, StateMachine, StorageError};
+use statestore_statemachine::{Config, DueKey, OutboxEntry, Reply, RequestIdentity, StateMachine, StorageError};
 
 pub use log_store::LogStore;
 pub use metrics::StorageMetrics;
@@ -90,6 +90,16 @@ impl StateReader {
     /// Keys whose deadline has passed at `now`, oldest first.
     pub fn due_keys(&self, now: u64, limit: usize) -> Result<Vec<DueKey>, StorageError> {
         statestore_statemachine::keyspace::due_keys(&db::Tables { db: &self.db }, now, limit)
+    }
+
+    /// The stored reply of a request applied before, if its dedup entry is still kept.
+    pub fn dedup_lookup(&self, identity: &RequestIdentity) -> Result<Option<Reply>, StorageError> {
+        statestore_statemachine::dedup::lookup(&db::Tables { db: &self.db }, identity)
+    }
+
+    /// Up to `limit` notifications not yet confirmed as published, with `seq > after`, in order.
+    pub fn pending_notifications(&self, after: Option<u64>, limit: usize) -> Result<Vec<OutboxEntry>, StorageError> {
+        statestore_statemachine::watch::pending_notifications(&db::Tables { db: &self.db }, after, limit)
     }
 
     /// The last committed log index this node knows of (0 before the first).

@@ -253,6 +253,8 @@ pub async fn ready(State(node): State<Arc<Node>>) -> Response {
         Some("no leader is known")
     } else if status.applied_index < status.committed_index {
         Some("catching up: applied index is behind the committed index")
+    } else if node.broker_connected.get().is_some_and(|connected| !*connected.borrow()) {
+        Some("not connected to the MQTT broker")
     } else {
         None
     };

@@ -3,6 +3,10 @@
 
 #![allow(dead_code)]
 
+pub mod broker;
+pub mod mqtt;
+pub mod sdk;
+
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::net::TcpListener;
@@ -276,6 +280,22 @@ impl Cluster {
     fn next_running(&self, after: u64) -> u64 {
         let running = self.running();
         *running.iter().find(|id| **id > after).unwrap_or(&running[0])
+    }
+
+    /// Waits until every running node answers `/ready` with 200 (member, leader known, caught
+    /// up, and connected to its broker when it has one).
+    pub async fn wait_ready(&self) {
+        let started = Instant::now();
+        for id in self.running() {
+            loop {
+                let ready = self.http.get(format!("{}/ready", self.url(id))).send().await;
+                if ready.is_ok_and(|r| r.status().is_success()) {
+                    break;
+                }
+                assert!(started.elapsed() < DEADLINE, "node {id} is not ready\n{}", self.logs());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
 
     pub async fn metrics(&self, id: u64) -> String {

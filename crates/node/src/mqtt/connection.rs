@@ -1,0 +1,387 @@
+//! The node's MQTT5 connection: one rumqttc event loop driven by one task, which is also the only
+//! task that hands publishes to rumqttc. That lets it pair each QoS 1 publish with the packet id
+//! rumqttc gives it, and so report every PUBACK's reason to whoever published (a notification
+//! answered with `0x10 No matching subscribers` drops that client's registrations).
+//!
+//! Persistent session (`clean_start=false` with a session expiry) and manual acks: the broker
+//! redelivers every request this node did not acknowledge, also across a restart of the node.
+//! Reconnects back off exponentially with jitter; a CONNACK without a session subscribes again.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::Bytes;
+use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, Publish, PublishProperties};
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::{AsyncClient, ClientError, Event, EventLoop, MqttOptions};
+use rumqttc::{NetworkOptions, Outgoing, TlsConfiguration, Transport};
+use statestore_protocol::topic::REQUEST_TOPIC;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use super::metrics::FrontEndMetrics;
+use crate::config::{BrokerConfig, TlsConfig};
+
+/// What became of a QoS 1 publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// The broker took it and someone subscribed to it.
+    Accepted,
+    /// PUBACK reason `0x10`: the broker took it but no subscription matched.
+    NoSubscribers,
+    /// The broker refused it with this reason.
+    Refused(PubAckReason),
+    /// The connection dropped before the PUBACK; rumqttc may or may not send it again.
+    Unknown,
+}
+
+/// One publish for the connection task.
+pub struct Outbound {
+    pub topic: String,
+    pub payload: Bytes,
+    pub properties: PublishProperties,
+    /// Told the PUBACK's reason, when the publisher wants it.
+    pub delivery: Option<oneshot::Sender<Delivery>>,
+}
+
+/// What the rest of the node holds of the connection.
+#[derive(Clone)]
+pub struct Connection {
+    client: AsyncClient,
+    outbound: mpsc::UnboundedSender<Outbound>,
+    /// True while connected; the value changes on every connect and disconnect.
+    pub connected: watch::Receiver<bool>,
+    /// Counts sessions: a new value means publishes of the previous one may be lost.
+    pub sessions: watch::Receiver<u64>,
+}
+
+impl Connection {
+    /// Publishes at QoS 1 in call order; `delivery` learns the PUBACK's reason.
+    pub fn publish(
+        &self,
+        topic: String,
+        payload: Bytes,
+        properties: PublishProperties,
+        delivery: Option<oneshot::Sender<Delivery>>,
+    ) {
+        // The connection task ends only with the node; a closed channel means we are stopping.
+        let _ = self.outbound.send(Outbound { topic, payload, properties, delivery });
+    }
+
+    /// Acknowledges a received request: the broker will not send it again.
+    pub async fn ack(&self, publish: &Publish) {
+        if publish.qos == QoS::AtMostOnce {
+            return;
+        }
+        if let Err(e) = self.client.ack(publish).await {
+            tracing::debug!(error = %e, "cannot acknowledge a request; the connection is stopping");
+        }
+    }
+
+    /// Sends DISCONNECT; the broker keeps the session for the session expiry.
+    pub async fn disconnect(&self) {
+        let _ = self.client.disconnect().await;
+    }
+}
+
+/// Builds the connection and starts its task. Received requests go to `requests`.
+pub fn start(
+    config: &BrokerConfig,
+    requests: mpsc::UnboundedSender<Publish>,
+    metrics: FrontEndMetrics,
+) -> anyhow::Result<Connection> {
+    let options = mqtt_options(config)?;
+    // Room for every publish the task lets in flight plus the acks other tasks send.
+    let capacity = 2 * usize::from(config.inflight) + 64;
+    let (client, eventloop) = AsyncClient::new(options, capacity);
+    let (outbound_tx, outbound_rx) = mpsc::unbounded_channel();
+    let (connected_tx, connected) = watch::channel(false);
+    let (sessions_tx, sessions) = watch::channel(0);
+    let task = ConnectionTask {
+        eventloop,
+        client: client.clone(),
+        outbound: outbound_rx,
+        requests,
+        metrics,
+        connected: connected_tx,
+        sessions: sessions_tx,
+        window: usize::from(config.inflight),
+        awaiting_id: VecDeque::new(),
+        awaiting_ack: HashMap::new(),
+        resent: 0,
+        is_connected: false,
+        stash: None,
+        backoff: Backoff::new(),
+    };
+    tokio::spawn(task.run());
+    Ok(Connection { client, outbound: outbound_tx, connected, sessions })
+}
+
+fn mqtt_options(config: &BrokerConfig) -> anyhow::Result<MqttOptions> {
+    let mut options = MqttOptions::new(config.client_id.clone(), config.host.clone(), config.port);
+    options
+        .set_clean_start(false)
+        .set_session_expiry_interval(Some(config.session_expiry.as_secs() as u32))
+        .set_keep_alive(config.keep_alive)
+        .set_manual_acks(true)
+        .set_max_packet_size(Some(config.max_packet_size))
+        .set_receive_maximum(Some(config.inflight))
+        .set_outgoing_inflight_upper_limit(config.inflight)
+        .set_connection_timeout(5);
+    let mut network = NetworkOptions::new();
+    network.set_tcp_nodelay(true);
+    network.set_connection_timeout(5);
+    options.set_network_options(network);
+    if let (Some(username), password) = (&config.username, &config.password) {
+        options.set_credentials(username.clone(), password.clone().unwrap_or_default());
+    }
+    if let Some(tls) = &config.tls {
+        options.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(Arc::new(tls_config(tls)?))));
+    }
+    Ok(options)
+}
+
+/// rustls with the ring provider: the CA file's certificates (or the system roots) and an
+/// optional client certificate for mutual TLS.
+fn tls_config(tls: &TlsConfig) -> anyhow::Result<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    match &tls.ca {
+        Some(ca) => {
+            for cert in read_certs(ca)? {
+                roots.add(cert).with_context(|| format!("adding a CA certificate from {}", ca.display()))?;
+            }
+        }
+        None => {
+            let native = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(native.certs);
+        }
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_root_certificates(roots);
+    Ok(match &tls.client_auth {
+        Some((cert, key)) => {
+            let chain = read_certs(cert)?;
+            let key = rustls_pemfile::private_key(&mut BufReader::new(File::open(key)?))
+                .with_context(|| format!("reading {}", key.display()))?
+                .with_context(|| format!("no private key in {}", key.display()))?;
+            builder.with_client_auth_cert(chain, key).context("the client certificate and key do not match")?
+        }
+        None => builder.with_no_client_auth(),
+    })
+}
+
+fn read_certs(path: &Path) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let certs = rustls_pemfile::certs(&mut BufReader::new(file))
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("reading certificates from {}", path.display()))?;
+    anyhow::ensure!(!certs.is_empty(), "no certificate in {}", path.display());
+    Ok(certs)
+}
+
+/// Exponential reconnect delays from 100 ms to 10 s, each drawn uniformly from [d/2, d], so
+/// nodes that lost the broker together do not come back in lockstep.
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(10);
+
+    fn new() -> Backoff {
+        Backoff { next: Backoff::FIRST }
+    }
+
+    fn delay(&mut self) -> Duration {
+        let ceiling = self.next;
+        self.next = (self.next * 2).min(Backoff::MAX);
+        let half = ceiling / 2;
+        half + half.mul_f64(fastrand::f64())
+    }
+
+    fn reset(&mut self) {
+        self.next = Backoff::FIRST;
+    }
+}
+
+struct ConnectionTask {
+    eventloop: EventLoop,
+    client: AsyncClient,
+    outbound: mpsc::UnboundedReceiver<Outbound>,
+    requests: mpsc::UnboundedSender<Publish>,
+    metrics: FrontEndMetrics,
+    connected: watch::Sender<bool>,
+    sessions: watch::Sender<u64>,
+    /// At most this many of our publishes handed to rumqttc and not yet given a packet id.
+    window: usize,
+    /// Publishes handed to rumqttc, in order, waiting for their `Outgoing::Publish(pkid)`.
+    awaiting_id: VecDeque<Option<oneshot::Sender<Delivery>>>,
+    /// Publishes sent, by packet id, waiting for their PUBACK.
+    awaiting_ack: HashMap<u16, oneshot::Sender<Delivery>>,
+    /// Publishes of the previous connection rumqttc sends again first; they carry no sender.
+    resent: usize,
+    is_connected: bool,
+    /// A publish rumqttc's channel had no room for.
+    stash: Option<Outbound>,
+    backoff: Backoff,
+}
+
+impl ConnectionTask {
+    async fn run(mut self) {
+        let mut retry_at: Option<Instant> = None;
+        loop {
+            self.flush_stash();
+            let room = self.stash.is_none() && self.awaiting_id.len() < self.window;
+            tokio::select! {
+                _ = async { tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)).await }, if retry_at.is_some() => {
+                    retry_at = None;
+                }
+                event = self.eventloop.poll(), if retry_at.is_none() => match event {
+                    Ok(event) => self.on_event(event),
+                    Err(error) => {
+                        self.on_error(&error);
+                        retry_at = Some(Instant::now() + self.backoff.delay());
+                    }
+                },
+                outbound = self.outbound.recv(), if room => match outbound {
+                    Some(outbound) => self.hand_over(outbound),
+                    None => return,
+                },
+            }
+        }
+    }
+
+    fn hand_over(&mut self, outbound: Outbound) {
+        let Outbound { topic, payload, properties, delivery } = outbound;
+        match self.client.try_publish_with_properties(
+            topic.clone(),
+            QoS::AtLeastOnce,
+            false,
+            payload.clone(),
+            properties.clone(),
+        ) {
+            Ok(()) => self.awaiting_id.push_back(delivery),
+            Err(ClientError::TryRequest(_)) | Err(ClientError::Request(_)) => {
+                self.stash = Some(Outbound { topic, payload, properties, delivery });
+            }
+        }
+    }
+
+    fn flush_stash(&mut self) {
+        if let Some(outbound) = self.stash.take() {
+            self.hand_over(outbound);
+        }
+    }
+
+    fn on_event(&mut self, event: Event) {
+        match event {
+            Event::Incoming(Packet::ConnAck(connack)) => {
+                self.is_connected = true;
+                self.backoff.reset();
+                // rumqttc first sends again what the last connection left unacknowledged (kept
+                // only when the session survived); those carry no sender of ours.
+                self.resent = self
+                    .eventloop
+                    .pending
+                    .iter()
+                    .filter(|r| matches!(r, rumqttc::v5::Request::Publish(p) if p.qos != QoS::AtMostOnce))
+                    .count();
+                if !connack.session_present {
+                    if let Err(e) = self.client.try_subscribe(REQUEST_TOPIC, QoS::AtLeastOnce) {
+                        tracing::error!(error = %e, "cannot subscribe to the request topic");
+                    }
+                }
+                self.sessions.send_modify(|n| *n += 1);
+                let _ = self.connected.send(true);
+                self.metrics.broker_connected.set(1);
+                tracing::info!(session_present = connack.session_present, "connected to the broker");
+            }
+            Event::Incoming(Packet::Publish(publish)) => {
+                if publish.topic.as_ref() == REQUEST_TOPIC.as_bytes() {
+                    let _ = self.requests.send(publish);
+                } else {
+                    tracing::warn!(topic = %String::from_utf8_lossy(&publish.topic), "a publish on a topic we did not subscribe to");
+                    let client = self.client.clone();
+                    let _ = client.try_ack(&publish);
+                }
+            }
+            Event::Incoming(Packet::PubAck(puback)) => {
+                if let Some(delivery) = self.awaiting_ack.remove(&puback.pkid) {
+                    let _ = delivery.send(match puback.reason {
+                        PubAckReason::Success => Delivery::Accepted,
+                        PubAckReason::NoMatchingSubscribers => Delivery::NoSubscribers,
+                        other => Delivery::Refused(other),
+                    });
+                }
+            }
+            Event::Incoming(Packet::SubAck(suback)) => {
+                let granted = suback
+                    .return_codes
+                    .iter()
+                    .all(|code| matches!(code, rumqttc::v5::mqttbytes::v5::SubscribeReasonCode::Success(_)));
+                if granted {
+                    tracing::info!(topic = REQUEST_TOPIC, "subscribed");
+                } else {
+                    tracing::error!(codes = ?suback.return_codes, "the broker refused the request subscription");
+                }
+            }
+            Event::Incoming(Packet::Disconnect(disconnect)) => {
+                tracing::warn!(reason = ?disconnect.reason_code, "the broker disconnected us");
+            }
+            Event::Outgoing(Outgoing::Publish(pkid)) => {
+                if self.resent > 0 {
+                    self.resent -= 1;
+                } else if let Some(Some(delivery)) = self.awaiting_id.pop_front() {
+                    self.awaiting_ack.insert(pkid, delivery);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_error(&mut self, error: &rumqttc::v5::ConnectionError) {
+        if self.is_connected {
+            // rumqttc has moved everything not yet acknowledged into its resend queue: the
+            // pairing of packet ids starts again with the next connection.
+            self.is_connected = false;
+            for delivery in self.awaiting_id.drain(..).flatten() {
+                let _ = delivery.send(Delivery::Unknown);
+            }
+            for (_, delivery) in self.awaiting_ack.drain() {
+                let _ = delivery.send(Delivery::Unknown);
+            }
+            let _ = self.connected.send(false);
+            self.metrics.broker_connected.set(0);
+            self.metrics.broker_reconnects.inc();
+            tracing::warn!(%error, "lost the broker connection");
+        } else {
+            tracing::warn!(%error, "cannot connect to the broker");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_with_jitter_and_resets() {
+        let mut backoff = Backoff::new();
+        let first = backoff.delay();
+        assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100), "{first:?}");
+        let delays: Vec<Duration> = (0..10).map(|_| backoff.delay()).collect();
+        assert!(delays.iter().all(|d| *d <= Backoff::MAX), "{delays:?}");
+        assert!(*delays.last().unwrap() >= Backoff::MAX / 2, "reaches the cap: {delays:?}");
+        backoff.reset();
+        assert!(backoff.delay() <= Duration::from_millis(100));
+    }
+}

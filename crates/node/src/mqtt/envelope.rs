@@ -1,0 +1,274 @@
+//! The MQTT envelope of a request (PROTOCOL.md §2–§4): what decides whether it is answered at
+//! all, the identity it is deduplicated by, and the properties of its response. Pure: no I/O.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
+use rumqttc::v5::mqttbytes::QoS;
+use statestore_protocol::topic::{check_response_topic, client_id_from_response_topic, ResponseTopicProblem};
+use statestore_protocol::{Hlc, Request, StoreError};
+use statestore_statemachine::{ClientRequest, RequestIdentity};
+
+/// The content type of every response and notification.
+pub const CONTENT_TYPE: &str = "application/octet-stream";
+/// The protocol version we speak and answer with.
+pub const PROTOCOL_VERSION: &str = "1.0";
+/// The major version we support, sent with a 505.
+pub const SUPPORTED_MAJOR: &str = "1";
+
+/// Why a request is acknowledged and dropped without an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// QoS 0: the protocol requires QoS 1.
+    QoS0,
+    ResponseTopic(ResponseTopicProblem),
+    /// The request's message expiry passed before it could be answered.
+    Expired,
+    /// The follower's shadow buffer was full; the oldest request left it.
+    ShadowFull,
+}
+
+impl DropReason {
+    /// The label of `statestore_requests_dropped_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            DropReason::QoS0 => "qos0",
+            DropReason::ResponseTopic(problem) => problem.label(),
+            DropReason::Expired => "expired",
+            DropReason::ShadowFull => "shadow_full",
+        }
+    }
+}
+
+/// What a request asks for once its envelope is known to be answerable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// A well-formed command: executed by the leader.
+    Command(Request),
+    /// Answered with `__stat=200` and `-ERR <text>`, without touching the state.
+    Invalid(StoreError),
+    /// `__protVer` with a major other than 1: answered with `__stat=505`.
+    UnsupportedVersion(String),
+}
+
+/// An answerable request.
+#[derive(Debug, Clone)]
+pub struct Inbound {
+    pub response_topic: String,
+    pub correlation_data: Option<Bytes>,
+    /// `__srcId`, else the `clients/{id}/` prefix of the response topic.
+    pub client_id: Option<String>,
+    pub message_expiry_secs: Option<u32>,
+    /// When the client stops waiting: receipt plus the remaining message expiry.
+    pub deadline: Option<Instant>,
+    pub body: Body,
+}
+
+impl Inbound {
+    /// Reads a request publish received at `received`.
+    pub fn classify(publish: &Publish, received: Instant) -> Result<Inbound, DropReason> {
+        if publish.qos == QoS::AtMostOnce {
+            return Err(DropReason::QoS0);
+        }
+        let empty = PublishProperties::default();
+        let properties = publish.properties.as_ref().unwrap_or(&empty);
+        let response_topic =
+            check_response_topic(properties.response_topic.as_deref()).map_err(DropReason::ResponseTopic)?.to_string();
+        let user = |name: &str| properties.user_properties.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        let client_id = user("__srcId")
+            .filter(|id| !id.is_empty())
+            .or_else(|| client_id_from_response_topic(&response_topic))
+            .map(str::to_string);
+        let message_expiry_secs = properties.message_expiry_interval;
+        let deadline = message_expiry_secs.map(|secs| received + Duration::from_secs(u64::from(secs)));
+        let correlation_data = properties.correlation_data.clone().filter(|data| !data.is_empty());
+        let body = if let Some(version) = user("__protVer").filter(|v| !supported_version(v)) {
+            Body::UnsupportedVersion(version.to_string())
+        } else if correlation_data.is_none() {
+            Body::Invalid(StoreError::MissingCorrelationData)
+        } else {
+            match Request::parse(&publish.payload, user("__ts"), user("__ft")) {
+                Ok(request) => Body::Command(request),
+                Err(error) => Body::Invalid(error),
+            }
+        };
+        Ok(Inbound { response_topic, correlation_data, client_id, message_expiry_secs, deadline, body })
+    }
+
+    /// The request as it goes into the log: with the client id and the dedup identity.
+    pub fn client_request(&self) -> Option<ClientRequest> {
+        let Body::Command(request) = &self.body else { return None };
+        Some(ClientRequest {
+            request: request.clone(),
+            client_id: self.client_id.clone(),
+            identity: self.identity(),
+            message_expiry_secs: self.message_expiry_secs,
+        })
+    }
+
+    /// (response topic, correlation data): the same pair again is the same request.
+    pub fn identity(&self) -> Option<RequestIdentity> {
+        Some(RequestIdentity {
+            response_topic: self.response_topic.clone(),
+            correlation_data: self.correlation_data.as_ref()?.to_vec(),
+        })
+    }
+
+    /// Whether the client has stopped waiting at `now`.
+    pub fn expired(&self, now: Instant) -> bool {
+        self.deadline.is_some_and(|deadline| now >= deadline)
+    }
+
+    /// Properties of the answer: `__stat`, `__protVer`, the content type, the correlation data,
+    /// `__ts` when given, and what remains of the message expiry (at least one second).
+    pub fn response_properties(&self, status: u16, version: Option<&Hlc>, now: Instant) -> PublishProperties {
+        let mut user_properties =
+            vec![("__stat".to_string(), status.to_string()), ("__protVer".to_string(), PROTOCOL_VERSION.to_string())];
+        if let Some(version) = version {
+            user_properties.push(("__ts".to_string(), version.to_string()));
+        }
+        if let Body::UnsupportedVersion(requested) = &self.body {
+            user_properties.push(("__supProtMajVer".to_string(), SUPPORTED_MAJOR.to_string()));
+            user_properties.push(("__requestProtVer".to_string(), requested.clone()));
+            user_properties.push(("__stMsg".to_string(), format!("protocol version {requested} is not supported")));
+        }
+        let message_expiry_interval = self.deadline.map(|deadline| {
+            let left = deadline.saturating_duration_since(now);
+            (left.as_millis().div_ceil(1000) as u32).max(1)
+        });
+        PublishProperties {
+            content_type: Some(CONTENT_TYPE.to_string()),
+            correlation_data: self.correlation_data.clone(),
+            message_expiry_interval,
+            user_properties,
+            ..Default::default()
+        }
+    }
+}
+
+/// Absent means 1.0; otherwise `<major>.<minor>` with major 1.
+fn supported_version(version: &str) -> bool {
+    match version.split_once('.') {
+        Some((major, minor)) => {
+            major == SUPPORTED_MAJOR && !minor.is_empty() && minor.bytes().all(|b| b.is_ascii_digit())
+        }
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use statestore_protocol::topic::REQUEST_TOPIC;
+    use statestore_protocol::{Command, Set};
+
+    const RESPONSE: &str =
+        "clients/c1/services/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response";
+    const TS: &str = "001795306435997:00000:client";
+
+    fn request(payload: &[u8], qos: QoS, edit: impl FnOnce(&mut PublishProperties)) -> Publish {
+        let mut properties = PublishProperties {
+            response_topic: Some(RESPONSE.into()),
+            correlation_data: Some(Bytes::from_static(&[7; 16])),
+            message_expiry_interval: Some(10),
+            content_type: Some(CONTENT_TYPE.into()),
+            user_properties: vec![
+                ("__srcId".into(), "c1".into()),
+                ("__ts".into(), TS.into()),
+                ("__protVer".into(), "1.0".into()),
+            ],
+            ..Default::default()
+        };
+        edit(&mut properties);
+        Publish::new(REQUEST_TOPIC, qos, payload.to_vec(), Some(properties))
+    }
+
+    fn set_payload() -> Vec<u8> {
+        Set::new("k", "v").encode()
+    }
+
+    #[test]
+    fn an_sdk_request_is_a_command_with_its_identity() {
+        let now = Instant::now();
+        let inbound = Inbound::classify(&request(&set_payload(), QoS::AtLeastOnce, |_| {}), now).unwrap();
+        assert!(matches!(&inbound.body, Body::Command(r) if matches!(r.command, Command::Set(_))));
+        assert_eq!(inbound.client_id.as_deref(), Some("c1"));
+        assert_eq!(inbound.deadline, Some(now + Duration::from_secs(10)));
+        let identity = inbound.identity().unwrap();
+        assert_eq!((identity.response_topic.as_str(), identity.correlation_data), (RESPONSE, vec![7; 16]));
+        assert_eq!(inbound.client_request().unwrap().message_expiry_secs, Some(10));
+    }
+
+    #[test]
+    fn unanswerable_requests_are_dropped() {
+        let now = Instant::now();
+        let qos0 = request(&set_payload(), QoS::AtMostOnce, |_| {});
+        assert_eq!(Inbound::classify(&qos0, now).unwrap_err(), DropReason::QoS0);
+        let missing = request(&set_payload(), QoS::AtLeastOnce, |p| p.response_topic = None);
+        assert_eq!(
+            Inbound::classify(&missing, now).unwrap_err(),
+            DropReason::ResponseTopic(ResponseTopicProblem::Missing)
+        );
+        let forbidden = request(&set_payload(), QoS::AtLeastOnce, |p| p.response_topic = Some(REQUEST_TOPIC.into()));
+        assert_eq!(
+            Inbound::classify(&forbidden, now).unwrap_err(),
+            DropReason::ResponseTopic(ResponseTopicProblem::Forbidden)
+        );
+        assert_eq!(DropReason::ResponseTopic(ResponseTopicProblem::Forbidden).label(), "forbidden_response_topic");
+    }
+
+    #[test]
+    fn envelope_problems_become_answers() {
+        let now = Instant::now();
+        let no_correlation = request(&set_payload(), QoS::AtLeastOnce, |p| p.correlation_data = None);
+        let inbound = Inbound::classify(&no_correlation, now).unwrap();
+        assert_eq!(inbound.body, Body::Invalid(StoreError::MissingCorrelationData));
+        assert_eq!(inbound.identity(), None);
+        let no_ts = request(&set_payload(), QoS::AtLeastOnce, |p| p.user_properties.retain(|(k, _)| k != "__ts"));
+        assert_eq!(Inbound::classify(&no_ts, now).unwrap().body, Body::Invalid(StoreError::MissingTimestamp));
+        let garbage = request(b"*1\r\n$3\r\nset\r\n", QoS::AtLeastOnce, |_| {});
+        assert_eq!(Inbound::classify(&garbage, now).unwrap().body, Body::Invalid(StoreError::UnknownCommand));
+    }
+
+    #[test]
+    fn protocol_versions_other_than_1_x_get_505() {
+        let now = Instant::now();
+        for (version, supported) in
+            [("1.0", true), ("1.7", true), ("2.0", false), ("1", false), ("x", false), ("1.", false)]
+        {
+            let publish = request(&set_payload(), QoS::AtLeastOnce, |p| {
+                p.user_properties.retain(|(k, _)| k != "__protVer");
+                p.user_properties.push(("__protVer".into(), version.into()));
+            });
+            let body = Inbound::classify(&publish, now).unwrap().body;
+            assert_eq!(matches!(body, Body::UnsupportedVersion(_)), !supported, "{version}");
+        }
+        let absent = request(&set_payload(), QoS::AtLeastOnce, |p| p.user_properties.retain(|(k, _)| k != "__protVer"));
+        assert!(matches!(Inbound::classify(&absent, now).unwrap().body, Body::Command(_)));
+    }
+
+    #[test]
+    fn the_client_id_falls_back_to_the_response_topic() {
+        let publish = request(&set_payload(), QoS::AtLeastOnce, |p| p.user_properties.retain(|(k, _)| k != "__srcId"));
+        assert_eq!(Inbound::classify(&publish, Instant::now()).unwrap().client_id.as_deref(), Some("c1"));
+    }
+
+    #[test]
+    fn responses_carry_status_version_correlation_and_remaining_expiry() {
+        let now = Instant::now();
+        let inbound = Inbound::classify(&request(&set_payload(), QoS::AtLeastOnce, |_| {}), now).unwrap();
+        let version: Hlc = TS.parse().unwrap();
+        let later = now + Duration::from_millis(2_500);
+        let properties = inbound.response_properties(200, Some(&version), later);
+        assert_eq!(properties.content_type.as_deref(), Some(CONTENT_TYPE));
+        assert_eq!(properties.correlation_data.as_deref(), Some(&[7u8; 16][..]));
+        assert_eq!(properties.message_expiry_interval, Some(8));
+        let user: Vec<(&str, &str)> =
+            properties.user_properties.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(user, vec![("__stat", "200"), ("__protVer", "1.0"), ("__ts", TS)]);
+        assert!(!inbound.response_properties(200, None, later).user_properties.iter().any(|(k, _)| k == "__ts"));
+        assert!(!inbound.expired(later));
+        assert!(inbound.expired(now + Duration::from_secs(10)));
+    }
+}

@@ -1,0 +1,99 @@
+//! Metrics of the MQTT front end, registered in the node's registry.
+
+use prometheus::{
+    exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
+
+#[derive(Clone)]
+pub struct FrontEndMetrics {
+    /// By command (`SET`, `GET`, ..., `INVALID`) and result (`ok`, `not_applied`, `error`).
+    pub requests: IntCounterVec,
+    pub request_seconds: HistogramVec,
+    pub dropped: IntCounterVec,
+    pub dedup_hits: IntCounter,
+    pub shadow_size: IntGauge,
+    pub shadow_takeovers: IntCounter,
+    pub notifications_sent: IntCounter,
+    pub notifications_failed: IntCounter,
+    pub registrations_dropped: IntCounter,
+    pub expired_keys: IntCounter,
+    pub expiry_lag_seconds: Histogram,
+    pub broker_connected: IntGauge,
+    pub broker_reconnects: IntCounter,
+}
+
+fn register<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: T) -> prometheus::Result<T> {
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+impl FrontEndMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<FrontEndMetrics> {
+        let counter = |name: &str, help: &str| register(registry, IntCounter::new(name, help)?);
+        let gauge = |name: &str, help: &str| register(registry, IntGauge::new(name, help)?);
+        Ok(FrontEndMetrics {
+            requests: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new("statestore_requests_total", "Requests answered by this node, by command and result"),
+                    &["command", "result"],
+                )?,
+            )?,
+            request_seconds: register(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "statestore_request_duration_seconds",
+                        "From receiving a request to publishing its response, by command",
+                    )
+                    .buckets(exponential_buckets(0.0001, 2.0, 18)?),
+                    &["command"],
+                )?,
+            )?,
+            dropped: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "statestore_requests_dropped_total",
+                        "Requests acknowledged without an answer, by reason",
+                    ),
+                    &["reason"],
+                )?,
+            )?,
+            dedup_hits: counter(
+                "statestore_dedup_hits_total",
+                "Requests answered from the dedup table (redeliveries and retries)",
+            )?,
+            shadow_size: gauge("statestore_shadow_requests", "Requests a follower holds until it sees them applied")?,
+            shadow_takeovers: counter(
+                "statestore_shadow_takeovers_total",
+                "Shadowed requests this node executed after becoming leader",
+            )?,
+            notifications_sent: counter(
+                "statestore_notifications_sent_total",
+                "Key notifications the broker accepted",
+            )?,
+            notifications_failed: counter(
+                "statestore_notifications_failed_total",
+                "Key notifications the broker refused or that were lost with the connection (sent again)",
+            )?,
+            registrations_dropped: counter(
+                "statestore_registrations_dropped_total",
+                "Clients whose KEYNOTIFY registrations were dropped because their session is gone",
+            )?,
+            expired_keys: counter("statestore_expired_keys_total", "Keys the expiry sweeper deleted")?,
+            expiry_lag_seconds: register(
+                registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "statestore_expiry_lag_seconds",
+                        "From a key's deadline to its deletion being applied on the leader",
+                    )
+                    .buckets(exponential_buckets(0.001, 2.0, 14)?),
+                )?,
+            )?,
+            broker_connected: gauge("statestore_broker_connected", "1 while connected to the MQTT broker")?,
+            broker_reconnects: counter("statestore_broker_reconnects_total", "Times the broker connection was lost")?,
+        })
+    }
+}

@@ -1,0 +1,214 @@
+//! A follower's copies of the requests the leader is executing. Every node receives every
+//! request; a follower keeps each write unacknowledged (so the broker would redeliver it after a
+//! crash) until it sees it applied, then acknowledges it and keeps it a little longer: the leader
+//! may have died between applying it and answering. A follower that becomes leader executes
+//! everything it holds: the dedup table answers the requests that were applied (a client may see
+//! an answer twice), the others run now.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use rumqttc::v5::mqttbytes::v5::Publish;
+use statestore_statemachine::RequestIdentity;
+
+use super::envelope::Inbound;
+
+/// A shadowed request with the publish to acknowledge once it is settled.
+#[derive(Debug, Clone)]
+pub struct Shadowed {
+    pub inbound: Inbound,
+    pub publish: Publish,
+    pub received: Instant,
+    /// Acknowledged to the broker already (a read, or a write seen applied).
+    pub acked: bool,
+}
+
+/// Shadowed requests in arrival order, at most `capacity` of them.
+pub struct Shadow {
+    capacity: usize,
+    /// How long a request that needs no more acknowledgement (a read, or a write seen
+    /// applied) is kept after receipt, to be answered if the leader died before answering.
+    retention: Duration,
+    order: VecDeque<(u64, RequestIdentity)>,
+    entries: HashMap<RequestIdentity, (u64, Shadowed)>,
+    next: u64,
+}
+
+impl Shadow {
+    pub fn new(capacity: usize, retention: Duration) -> Shadow {
+        Shadow { capacity, retention, order: VecDeque::new(), entries: HashMap::new(), next: 0 }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Keeps `request`; a redelivery replaces the earlier copy. Returns what no longer fits
+    /// (oldest first), and the earlier copy of a redelivered request: acknowledge those.
+    pub fn insert(&mut self, request: Shadowed) -> Vec<Shadowed> {
+        let Some(identity) = request.inbound.identity() else { return vec![request] };
+        let mut out = Vec::new();
+        self.next += 1;
+        if let Some((_, earlier)) = self.entries.insert(identity.clone(), (self.next, request)) {
+            out.push(earlier);
+        }
+        self.order.push_back((self.next, identity));
+        while self.entries.len() > self.capacity {
+            if let Some(oldest) = self.pop_oldest() {
+                out.push(oldest);
+            }
+        }
+        self.compact();
+        out
+    }
+
+    /// Marks the writes `applied` says are applied as acknowledged and returns copies of them
+    /// to acknowledge; forgets what expired or was kept long enough. Without a message expiry, an
+    /// unapplied write is kept at most `UNBOUNDED_KEEP`.
+    pub fn settle(&mut self, now: Instant, mut applied: impl FnMut(&RequestIdentity) -> bool) -> Settled {
+        const UNBOUNDED_KEEP: Duration = Duration::from_secs(60);
+        let retention = self.retention;
+        let mut settled = Settled::default();
+        let mut gone = Vec::new();
+        for (identity, (_, shadowed)) in self.entries.iter_mut() {
+            let age = now.duration_since(shadowed.received);
+            if shadowed.inbound.expired(now) || (shadowed.acked && age >= retention) || age >= UNBOUNDED_KEEP {
+                gone.push(identity.clone());
+            } else if !shadowed.acked && applied(identity) {
+                shadowed.acked = true;
+                settled.applied.push(shadowed.publish.clone());
+            }
+        }
+        for identity in gone {
+            if let Some((_, shadowed)) = self.entries.remove(&identity) {
+                settled.forgotten.push(shadowed);
+            }
+        }
+        self.compact();
+        settled
+    }
+
+    /// Everything, in arrival order: what a new leader executes.
+    pub fn drain(&mut self) -> Vec<Shadowed> {
+        let mut out = Vec::with_capacity(self.entries.len());
+        while let Some(next) = self.pop_oldest() {
+            out.push(next);
+        }
+        self.order.clear();
+        out
+    }
+
+    fn pop_oldest(&mut self) -> Option<Shadowed> {
+        while let Some((seq, identity)) = self.order.pop_front() {
+            if self.entries.get(&identity).is_some_and(|(current, _)| *current == seq) {
+                return self.entries.remove(&identity).map(|(_, s)| s);
+            }
+        }
+        None
+    }
+
+    /// Drops order slots of entries that left, once they outnumber the live ones.
+    fn compact(&mut self) {
+        if self.order.len() > 2 * self.entries.len() + 64 {
+            let entries = &self.entries;
+            self.order.retain(|(seq, identity)| entries.get(identity).is_some_and(|(current, _)| current == seq));
+        }
+    }
+}
+
+/// What [`Shadow::settle`] found.
+#[derive(Default)]
+pub struct Settled {
+    /// Writes seen applied: acknowledge these publishes (the entries stay a while).
+    pub applied: Vec<Publish>,
+    /// Entries that left: acknowledge those not yet acknowledged.
+    pub forgotten: Vec<Shadowed>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use rumqttc::v5::mqttbytes::v5::PublishProperties;
+    use rumqttc::v5::mqttbytes::QoS;
+    use statestore_protocol::topic::REQUEST_TOPIC;
+    use statestore_protocol::{Get, Set};
+
+    fn shadowed(correlation: u8, payload: Vec<u8>, received: Instant) -> Shadowed {
+        let properties = PublishProperties {
+            response_topic: Some("clients/c/response".into()),
+            correlation_data: Some(Bytes::from(vec![correlation; 16])),
+            message_expiry_interval: Some(10),
+            user_properties: vec![("__ts".into(), "001795306435997:00000:c".into())],
+            ..Default::default()
+        };
+        let publish = Publish::new(REQUEST_TOPIC, QoS::AtLeastOnce, payload, Some(properties));
+        Shadowed { inbound: Inbound::classify(&publish, received).unwrap(), publish, received, acked: false }
+    }
+
+    fn set(correlation: u8, now: Instant) -> Shadowed {
+        shadowed(correlation, Set::new("k", "v").encode(), now)
+    }
+
+    fn correlations(list: &[Shadowed]) -> Vec<u8> {
+        list.iter().map(|s| s.inbound.correlation_data.as_ref().unwrap()[0]).collect()
+    }
+
+    #[test]
+    fn applied_requests_leave_and_the_rest_drain_in_order() {
+        let now = Instant::now();
+        let mut shadow = Shadow::new(100, Duration::from_secs(1));
+        for c in 1..=5 {
+            assert!(shadow.insert(set(c, now)).is_empty());
+        }
+        let settled = shadow.settle(now, |id| id.correlation_data[0] % 2 == 0);
+        assert_eq!(settled.applied.len(), 2, "applied writes are acknowledged");
+        assert!(settled.forgotten.is_empty(), "and kept, in case the leader died before answering");
+        assert_eq!(shadow.settle(now, |_| true).applied.len(), 3, "each is acknowledged once");
+        let later = shadow.settle(now + Duration::from_secs(2), |_| true);
+        assert_eq!(later.forgotten.len(), 5, "kept for the retention only");
+        assert!(shadow.is_empty());
+    }
+
+    #[test]
+    fn a_new_leader_drains_applied_and_unapplied_requests_in_order() {
+        let now = Instant::now();
+        let mut shadow = Shadow::new(100, Duration::from_secs(1));
+        for c in 1..=4 {
+            shadow.insert(set(c, now));
+        }
+        shadow.settle(now, |id| id.correlation_data[0] == 2);
+        let drained = shadow.drain();
+        assert_eq!(correlations(&drained), vec![1, 2, 3, 4]);
+        assert_eq!(drained.iter().map(|s| s.acked).collect::<Vec<_>>(), vec![false, true, false, false]);
+    }
+
+    #[test]
+    fn a_redelivery_replaces_the_earlier_copy_and_overflow_evicts_the_oldest() {
+        let now = Instant::now();
+        let mut shadow = Shadow::new(3, Duration::from_secs(1));
+        for c in 1..=3 {
+            shadow.insert(set(c, now));
+        }
+        assert_eq!(correlations(&shadow.insert(set(2, now))), vec![2], "the earlier copy is handed back");
+        assert_eq!(correlations(&shadow.insert(set(4, now))), vec![1], "the oldest leaves");
+        assert_eq!(correlations(&shadow.drain()), vec![3, 2, 4]);
+    }
+
+    #[test]
+    fn expired_requests_and_old_reads_settle_without_being_applied() {
+        let now = Instant::now();
+        let mut shadow = Shadow::new(10, Duration::from_secs(1));
+        shadow.insert(set(1, now));
+        let mut read = shadowed(2, Get { key: b"k".to_vec() }.encode(), now);
+        read.acked = true;
+        shadow.insert(read);
+        assert!(shadow.settle(now + Duration::from_millis(500), |_| false).forgotten.is_empty());
+        assert_eq!(correlations(&shadow.settle(now + Duration::from_secs(2), |_| false).forgotten), vec![2]);
+        assert_eq!(correlations(&shadow.settle(now + Duration::from_secs(11), |_| false).forgotten), vec![1]);
+    }
+}

@@ -1,0 +1,221 @@
+//! The MQTT front end with a raw client: envelope handling, every malformed input, exactly-once
+//! effect of redeliveries (also across a leader kill), large values and binary keys. A real
+//! Mosquitto and three real node processes.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::broker::Broker;
+use common::mqtt::RawClient;
+use common::{metric, now_ms, timestamp, Cluster};
+use rumqttc::v5::mqttbytes::QoS;
+use statestore_protocol::topic::{hex_upper, NOTIFICATION_PREFIX, REQUEST_TOPIC};
+use statestore_protocol::{encode_bulk_array, Get, Hlc, KeyNotify, Set};
+
+const NO_ANSWER: Duration = Duration::from_millis(1500);
+
+async fn cluster_with_broker() -> (Broker, Cluster) {
+    let broker = Broker::start();
+    let cluster = Cluster::start(3, &["--broker", &broker.address()]).await;
+    cluster.wait_ready().await;
+    (broker, cluster)
+}
+
+fn text(payload: &[u8]) -> String {
+    String::from_utf8_lossy(payload).into_owned()
+}
+
+fn set(key: &[u8], value: &[u8]) -> Vec<u8> {
+    Set::new(key.to_vec(), value.to_vec()).encode()
+}
+
+fn get(key: &[u8]) -> Vec<u8> {
+    Get { key: key.to_vec() }.encode()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_requests_get_the_exact_error_or_the_documented_drop() {
+    let (broker, cluster) = cluster_with_broker().await;
+    let client = RawClient::connect(broker.port, "barrage").await;
+    let ts = timestamp();
+
+    let before = client.request(&set(b"stable", b"kept"), &ts).await;
+    assert_eq!(before.payload, b"+OK\r\n");
+    let version = before.user("__ts").expect("SET +OK carries __ts").to_string();
+
+    let errors: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("not RESP", b"hello".to_vec(), "syntax error"),
+        ("empty payload", Vec::new(), "syntax error"),
+        ("truncated array", b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n".to_vec(), "syntax error"),
+        ("bulk length too long", b"*2\r\n$3\r\nGET\r\n$9\r\nk\r\n".to_vec(), "syntax error"),
+        ("negative length", b"*2\r\n$3\r\nGET\r\n$-5\r\nk\r\n".to_vec(), "syntax error"),
+        ("missing CRLF", b"*2\r\n$3\r\nGET\r\n$1\r\nk".to_vec(), "syntax error"),
+        ("integer element", b"*2\r\n$3\r\nGET\r\n:1\r\n".to_vec(), "syntax error"),
+        ("trailing bytes", b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\nXX".to_vec(), "syntax error"),
+        ("unknown verb", encode_bulk_array(&[&b"INCR"[..], b"k"]), "unknown command"),
+        ("lower-case verb", encode_bulk_array(&[&b"get"[..], b"k"]), "unknown command"),
+        ("GET arity", encode_bulk_array(&[&b"GET"[..]]), "wrong number of arguments"),
+        ("DEL arity", encode_bulk_array(&[&b"DEL"[..], b"a", b"b"]), "wrong number of arguments"),
+        ("SET arity", encode_bulk_array(&[&b"SET"[..], b"k"]), "wrong number of arguments"),
+        ("empty key", encode_bulk_array(&[&b"GET"[..], b""]), "the key length is zero"),
+        ("bad PX", encode_bulk_array(&[&b"SET"[..], b"k", b"v", b"PX", b"soon"]), "syntax error"),
+        ("negative PX", encode_bulk_array(&[&b"SET"[..], b"k", b"v", b"PX", b"-5"]), "syntax error"),
+        ("unknown option", encode_bulk_array(&[&b"SET"[..], b"k", b"v", b"XX"]), "syntax error"),
+    ];
+    for (case, payload, expected) in &errors {
+        let reply = client.request(payload, &ts).await;
+        assert_eq!(text(&reply.payload), format!("-ERR {expected}\r\n"), "{case}");
+        assert_eq!(reply.user("__stat"), Some("200"), "{case}: state-store errors are __stat=200");
+    }
+
+    // Envelope properties.
+    let mut no_ts = client.properties(&ts);
+    no_ts.user_properties.retain(|(k, _)| k != "__ts");
+    let reply = client.request_with(&set(b"k", b"v"), no_ts, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(reply.payload, b"-ERR missing timestamp\r\n");
+    for bad in ["garbage", "1:2", "x:0:node", "12:y:node"] {
+        let reply = client.request(&set(b"k", b"v"), bad).await;
+        assert_eq!(reply.payload, b"-ERR malformed timestamp\r\n", "__ts {bad:?}");
+    }
+    let future = Hlc::new(now_ms() + 120_000, 0, "skewed").to_string();
+    let reply = client.request(&set(b"k", b"v"), &future).await;
+    assert_eq!(
+        text(&reply.payload),
+        "-ERR the request timestamp is too far in the future; ensure that the client and broker system clocks are synchronized\r\n"
+    );
+    let mut bad_ft = client.properties(&ts);
+    bad_ft.user_properties.push(("__ft".into(), "not-a-token".into()));
+    let reply = client.request_with(&set(b"k", b"v"), bad_ft, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(reply.payload, b"-ERR malformed timestamp\r\n");
+    let mut future_ft = client.properties(&ts);
+    future_ft.user_properties.push(("__ft".into(), Hlc::new(now_ms() + 10 * 365 * 86_400_000, 0, "x").to_string()));
+    let reply = client.request_with(&set(b"k", b"v"), future_ft, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(
+        text(&reply.payload),
+        "-ERR the request fencing token timestamp is too far in the future; ensure that the client and broker system clocks are synchronized\r\n"
+    );
+    let mut no_correlation = client.properties(&ts);
+    no_correlation.correlation_data = None;
+    client.publish(&get(b"stable"), QoS::AtLeastOnce, no_correlation).await;
+    let reply = client
+        .wait_for(Duration::from_secs(10), |r| {
+            r.topic == client.response_topic && r.properties.correlation_data.is_none()
+        })
+        .await
+        .expect("a request without correlation data is answered");
+    assert_eq!(reply.payload, b"-ERR the request carries no correlation data\r\n");
+    let mut version_2 = client.properties(&ts);
+    version_2.user_properties.retain(|(k, _)| k != "__protVer");
+    version_2.user_properties.push(("__protVer".into(), "2.0".into()));
+    let reply = client.request_with(&get(b"stable"), version_2, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(reply.user("__stat"), Some("505"));
+    assert_eq!(reply.user("__supProtMajVer"), Some("1"));
+    assert_eq!(reply.user("__requestProtVer"), Some("2.0"));
+
+    // Drops: no answer anywhere, counted by reason.
+    let qos0 = client.properties(&ts);
+    let qos0_correlation = qos0.correlation_data.clone();
+    client.publish(&set(b"dropped", b"qos0"), QoS::AtMostOnce, qos0).await;
+    let mut missing_topic = client.properties(&ts);
+    missing_topic.response_topic = None;
+    client.publish(&set(b"dropped", b"no-topic"), QoS::AtLeastOnce, missing_topic).await;
+    for forbidden in
+        [REQUEST_TOPIC.to_string(), format!("{NOTIFICATION_PREFIX}/{}/command/notify/6B", hex_upper(b"barrage"))]
+    {
+        let mut properties = client.properties(&ts);
+        properties.response_topic = Some(forbidden);
+        client.publish(&set(b"dropped", b"forbidden"), QoS::AtLeastOnce, properties).await;
+    }
+    assert!(
+        client.wait_for(NO_ANSWER, |r| r.properties.correlation_data == qos0_correlation).await.is_none(),
+        "QoS 0 requests are not answered"
+    );
+    assert!(client.take_notifications().is_empty(), "a forged notification topic got nothing");
+
+    // The cluster is healthy and nothing changed.
+    cluster.wait_ready().await;
+    let after = client.request(&get(b"stable"), &timestamp()).await;
+    assert_eq!(after.payload, b"$4\r\nkept\r\n");
+    assert_eq!(after.user("__ts"), Some(version.as_str()), "the key kept its version");
+    let dropped = client.request(&get(b"dropped"), &timestamp()).await;
+    assert_eq!(dropped.payload, b"$-1\r\n", "no dropped request was executed");
+    let leader = cluster.wait_leader().await;
+    let metrics = cluster.metrics(leader).await;
+    for reason in ["qos0", "missing_response_topic", "forbidden_response_topic"] {
+        let series = format!("statestore_requests_dropped_total{{reason=\"{reason}\"}}");
+        assert!(metric(&metrics, &series).unwrap_or(0.0) >= 1.0, "{series} counted\n{metrics}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn large_values_and_binary_keys_round_trip_byte_exact() {
+    let (broker, cluster) = cluster_with_broker().await;
+    let client = RawClient::connect(broker.port, "binary").await;
+    let value: Vec<u8> = (0..(1 << 20)).map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let ts = timestamp();
+    assert_eq!(client.request(&set(b"large", &value), &ts).await.payload, b"+OK\r\n");
+    let reply = client.request(&get(b"large"), &ts).await;
+    let mut expected = format!("${}\r\n", value.len()).into_bytes();
+    expected.extend_from_slice(&value);
+    expected.extend_from_slice(b"\r\n");
+    assert!(reply.payload == expected, "1 MiB value is byte-exact ({} bytes back)", reply.payload.len());
+
+    for key in [&b"nul\x00inside"[..], b"crlf\r\nkey\r\n", b"\xff\xfe not utf-8", b"$3\r\nGET\r\n"] {
+        let value = [key, b"-value"].concat();
+        assert_eq!(client.request(&set(key, &value), &ts).await.payload, b"+OK\r\n", "{key:?}");
+        let mut expected = format!("${}\r\n", value.len()).into_bytes();
+        expected.extend_from_slice(&value);
+        expected.extend_from_slice(b"\r\n");
+        assert_eq!(client.request(&get(key), &ts).await.payload, expected, "{key:?}");
+    }
+    // A key notification topic for a binary key is its upper-case hex.
+    assert_eq!(
+        client.request(&KeyNotify { key: b"\x00\r\n".to_vec(), stop: false }.encode(), &ts).await.payload,
+        b"+OK\r\n"
+    );
+    assert_eq!(client.request(&set(b"\x00\r\n", b"v"), &timestamp()).await.payload, b"+OK\r\n");
+    let notification = client
+        .wait_for(Duration::from_secs(5), |r| r.topic.starts_with(NOTIFICATION_PREFIX))
+        .await
+        .expect("a notification for the binary key");
+    assert!(notification.topic.ends_with("/command/notify/000D0A"), "{}", notification.topic);
+    assert_eq!(notification.payload, b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$1\r\nv\r\n");
+    assert!(notification.user("__ts").is_some());
+    drop(cluster);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redelivered_request_is_applied_once_even_across_a_leader_kill() {
+    let (broker, mut cluster) = cluster_with_broker().await;
+    let client = RawClient::connect(broker.port, "redeliver").await;
+    let ts = timestamp();
+    let nx = encode_bulk_array(&[&b"SET"[..], b"once", b"first", b"NX"]);
+
+    let properties = client.properties(&ts);
+    let first = client.request_with(&nx, properties.clone(), Duration::from_secs(10)).await.unwrap();
+    let again = client.request_with(&nx, properties.clone(), Duration::from_secs(10)).await.unwrap();
+    assert_eq!(first.payload, b"+OK\r\n");
+    assert_eq!(again.payload, b"+OK\r\n", "the duplicate is answered from the dedup table, not with :-1");
+    assert_eq!(first.user("__ts"), again.user("__ts"), "with the same version");
+
+    // A second request, then the leader dies, then its redelivery reaches the new leader.
+    let second = encode_bulk_array(&[&b"SET"[..], b"twice", b"v", b"NX"]);
+    let properties = client.properties(&timestamp());
+    let answered = client.request_with(&second, properties.clone(), Duration::from_secs(10)).await.unwrap();
+    assert_eq!(answered.payload, b"+OK\r\n");
+    let leader = cluster.wait_leader().await;
+    cluster.kill(leader);
+    let replayed =
+        client.request_with(&second, properties, Duration::from_secs(15)).await.expect("answered by the new leader");
+    assert_eq!(replayed.payload, b"+OK\r\n");
+    assert_eq!(replayed.user("__ts"), answered.user("__ts"));
+    let value = client.request(&get(b"twice"), &timestamp()).await;
+    assert_eq!(value.payload, b"$1\r\nv\r\n");
+    assert_eq!(value.user("__ts"), answered.user("__ts"), "applied once: the version is the first one");
+    let new_leader = cluster.wait_leader().await;
+    let metrics = cluster.metrics(new_leader).await;
+    assert!(metric(&metrics, "statestore_dedup_hits_total").unwrap_or(0.0) >= 1.0, "{metrics}");
+    let _ = Bytes::new();
+}
