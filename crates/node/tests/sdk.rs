@@ -661,6 +661,9 @@ async fn lock_waiter_wakes_on_expiry(h: &Holders) {
 
 /// Upper bound on the pages of one scan: only there to stop a pager that never finishes.
 const MAX_PAGES: usize = 64;
+/// Numbered keys seeded for SCAN: enough that `item-*` and `*` take several pages of the
+/// server's 100-key pages, before and after the deletes and renames.
+const ITEMS: usize = 250;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sdk_list_keys_paging_and_glob_patterns() {
@@ -672,8 +675,8 @@ async fn sdk_list_keys_paging_and_glob_patterns() {
         // Every key in the store, to check `*` against.
         let mut model = BTreeSet::new();
 
-        // 100 numbered keys, each holding its own name.
-        let items: Vec<String> = (0..100).map(|i| format!("item-{i:03}")).collect();
+        // Numbered keys, each holding its own name.
+        let items: Vec<String> = (0..ITEMS).map(|i| format!("item-{i:03}")).collect();
         set_all(&s, &items).await;
         model.extend(items.iter().cloned());
 
@@ -691,7 +694,7 @@ async fn sdk_list_keys_paging_and_glob_patterns() {
 
         assert_eq!(list(&s, b"*").await, model, "expected `*` to list every UTF-8 key in the store exactly once");
         let all_items: BTreeSet<String> = items.iter().cloned().collect();
-        assert_eq!(list(&s, b"item-*").await, all_items, "expected `item-*` to list all 100 items across pages");
+        assert_eq!(list(&s, b"item-*").await, all_items, "expected `item-*` to list every numbered key across pages");
         let cases: &[(&str, &[&str])] = &[
             (
                 "item-0?5",
@@ -731,6 +734,8 @@ async fn sdk_list_keys_paging_and_glob_patterns() {
                 "expected SCAN {pattern:?} to list exactly these keys"
             );
         }
+        let hundreds: BTreeSet<String> = (100..200).map(|i| format!("item-{i:03}")).collect();
+        assert_eq!(list(&s, b"item-1??").await, hundreds, "expected `item-1??` to list exactly item-100..199");
         assert_eq!(list(&s, b"glob-\xff*").await, BTreeSet::new(), "expected a non-UTF-8 pattern to match nothing");
 
         // Between scans: delete item-000..024, rename item-025..049 to moved-025..049, rewrite
@@ -752,8 +757,12 @@ async fn sdk_list_keys_paging_and_glob_patterns() {
             let key = format!("item-{i:03}");
             assert!(ok(s.set(&key, "rewritten", None, plain()).await, "SET").response, "expected SET {key} to succeed");
         }
-        let remaining: BTreeSet<String> = (50..100).map(|i| format!("item-{i:03}")).collect();
-        assert_eq!(list(&s, b"item-*").await, remaining, "expected `item-*` to list item-050..099 after the changes");
+        let remaining: BTreeSet<String> = (50..ITEMS).map(|i| format!("item-{i:03}")).collect();
+        assert_eq!(
+            list(&s, b"item-*").await,
+            remaining,
+            "expected `item-*` to list exactly the numbered keys from item-050 on after the changes"
+        );
         let moved_set: BTreeSet<String> = moved.iter().cloned().collect();
         assert_eq!(list(&s, b"moved-*").await, moved_set, "expected `moved-*` to list exactly the 25 renamed keys");
         let moved_3x: BTreeSet<String> = (30..40).map(|i| format!("moved-{i:03}")).collect();
@@ -795,7 +804,6 @@ async fn list(s: &Store, pattern: &[u8]) -> BTreeSet<String> {
     let mut keys = BTreeSet::new();
     for page in 1.. {
         let Some(batch) = ok(pager.next().await, &format!("SCAN {shown:?}, page {page}")) else {
-            eprintln!("PAGES {shown:?} {}", page - 1);
             return keys;
         };
         assert!(page <= MAX_PAGES, "expected SCAN {shown:?} to finish within {MAX_PAGES} pages");

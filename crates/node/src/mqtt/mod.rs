@@ -64,7 +64,7 @@ type WriteResult =
 enum Dispatch {
     Request(Publish),
     /// A request that could not complete where it was; placed again by the current role.
-    Retry(Shadowed),
+    Retry(Box<Shadowed>),
     /// This node leads and has applied everything committed before: take over the shadow.
     Gained,
     Lost,
@@ -72,7 +72,7 @@ enum Dispatch {
 
 /// What to do once a proposal is applied.
 enum Completion {
-    Respond(Shadowed),
+    Respond(Box<Shadowed>),
     Expire { key: Vec<u8>, expires_at: u64 },
     DropRegistrations,
     Confirm,
@@ -155,7 +155,7 @@ impl FrontEnd {
                         Ok(inbound) => self.place(Shadowed { inbound, publish, received, acked: false }).await,
                     }
                 }
-                Dispatch::Retry(request) => self.place(request).await,
+                Dispatch::Retry(request) => self.place(*request).await,
                 Dispatch::Gained => {
                     self.leading.store(true, Ordering::Release);
                     let shadowed = self.shadow.lock().unwrap().drain();
@@ -267,7 +267,7 @@ impl FrontEnd {
         }
         let Some(client_request) = request.inbound.client_request() else { return };
         let entry = Entry { operation: Operation::Request(client_request), wall_clock_ms: now };
-        self.propose(entry, Completion::Respond(request)).await;
+        self.propose(entry, Completion::Respond(Box::new(request))).await;
     }
 
     async fn queue(&self, pending: Pending) {
@@ -374,7 +374,7 @@ impl FrontEnd {
             }
             Err(ExecuteError::ForwardToLeader { .. }) | Err(ExecuteError::Unavailable(_)) => {
                 // Not (or no longer confirmed) the leader: whoever leads answers it.
-                let _ = self.dispatch.send(Dispatch::Retry(request));
+                let _ = self.dispatch.send(Dispatch::Retry(Box::new(request)));
             }
         }
     }

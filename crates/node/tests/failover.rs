@@ -1,0 +1,168 @@
+//! Failover under traffic with the official SDK: clients write and read continuously while the
+//! leader is killed with SIGKILL and later restarted. After the new election every call succeeds
+//! again, every acknowledged write is there with the version it was acknowledged with (applied
+//! once), each writer's versions only grow, and notifications for an observed key resume.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use azure_iot_operations_protocol::common::hybrid_logical_clock::HybridLogicalClock as Hlc;
+use azure_iot_operations_services::state_store::{Operation, SetOptions};
+use common::broker::Broker;
+use common::sdk::{unique_client_id, SdkSession};
+use common::Cluster;
+
+const WRITERS: usize = 4;
+/// Each call's timeout: short, so a call that the dead leader swallowed fails fast and the
+/// writer goes on.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Default)]
+struct History {
+    /// key → (value, version) of every acknowledged SET.
+    acknowledged: BTreeMap<String, (String, Hlc)>,
+    /// Each writer's acknowledged versions, in the order acknowledged.
+    versions: Vec<Vec<Hlc>>,
+    /// (writer, started, succeeded) for every call.
+    calls: Vec<(usize, Instant, bool)>,
+}
+
+fn order(version: &Hlc) -> (SystemTime, u64) {
+    (version.timestamp, version.counter)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sdk_clients_ride_through_a_leader_kill_and_restart() {
+    let broker = Broker::start();
+    let mut cluster = Cluster::start(3, &["--broker", &broker.address()]).await;
+    cluster.wait_ready().await;
+
+    let observer = SdkSession::connect(broker.port, &unique_client_id("observer")).await;
+    let observer_store = observer.state_store();
+    let mut observation = observer_store.observe(b"watched".to_vec(), CALL_TIMEOUT).await.expect("observe").response;
+    let notified = Arc::new(Mutex::new(Vec::<(Instant, Vec<u8>)>::new()));
+    let notified_task = {
+        let notified = notified.clone();
+        tokio::spawn(async move {
+            while let Some((notification, _)) = observation.recv_notification().await {
+                if let Operation::Set(value) = notification.operation {
+                    notified.lock().unwrap().push((Instant::now(), value));
+                }
+            }
+        })
+    };
+
+    let history = Arc::new(Mutex::new(History { versions: vec![Vec::new(); WRITERS], ..History::default() }));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut sessions = Vec::new();
+    let mut writers = Vec::new();
+    for writer in 0..WRITERS {
+        let session = SdkSession::connect(broker.port, &unique_client_id(&format!("writer{writer}"))).await;
+        let store = session.state_store();
+        sessions.push(session);
+        let (history, stop) = (history.clone(), stop.clone());
+        writers.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                let key = format!("w{writer}-{n}");
+                let value = format!("value-{n}");
+                let started = Instant::now();
+                let set = store
+                    .set(
+                        key.clone().into_bytes(),
+                        value.clone().into_bytes(),
+                        CALL_TIMEOUT,
+                        None,
+                        SetOptions::default(),
+                    )
+                    .await;
+                let ok = matches!(&set, Ok(r) if r.response && r.version.is_some());
+                if ok {
+                    // Reads go through the same client: each must see the write just made.
+                    let got = store.get(key.clone().into_bytes(), CALL_TIMEOUT).await;
+                    let read_ok = matches!(&got, Ok(r) if r.response.as_deref() == Some(value.as_bytes()));
+                    let version = set.unwrap().version.unwrap();
+                    let mut h = history.lock().unwrap();
+                    h.acknowledged.insert(key, (value.clone(), version.clone()));
+                    h.versions[writer].push(version);
+                    h.calls.push((writer, started, read_ok));
+                } else {
+                    history.lock().unwrap().calls.push((writer, started, false));
+                }
+                if writer == 0 && n % 5 == 0 {
+                    let _ = store
+                        .set(b"watched".to_vec(), value.into_bytes(), CALL_TIMEOUT, None, SetOptions::default())
+                        .await;
+                }
+            }
+        }));
+    }
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leader = cluster.wait_leader().await;
+    let killed_at = Instant::now();
+    cluster.kill(leader);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    cluster.spawn(leader);
+    let restarted_at = Instant::now();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    cluster.wait_ready().await;
+
+    let history = Arc::try_unwrap(history).ok().unwrap().into_inner().unwrap();
+    // The write gap: from the kill to each writer's first success after it.
+    let settled_after = killed_at + Duration::from_secs(3);
+    for writer in 0..WRITERS {
+        let calls: Vec<&(usize, Instant, bool)> = history.calls.iter().filter(|c| c.0 == writer).collect();
+        assert!(calls.iter().any(|c| c.1 < killed_at && c.2), "writer {writer} succeeded before the kill");
+        let late: Vec<_> = calls.iter().filter(|c| c.1 >= settled_after).collect();
+        assert!(!late.is_empty(), "writer {writer} kept calling after the election\n{}", cluster.logs());
+        assert!(
+            late.iter().all(|c| c.2),
+            "writer {writer}: every call from 3 s after the kill succeeds ({} of {} failed)\n{}",
+            late.iter().filter(|c| !c.2).count(),
+            late.len(),
+            cluster.logs()
+        );
+        let first_after = calls.iter().find(|c| c.1 >= killed_at && c.2).map(|c| c.1 - killed_at);
+        eprintln!("writer {writer}: first success {first_after:?} after the kill");
+    }
+    for (writer, versions) in history.versions.iter().enumerate() {
+        for pair in versions.windows(2) {
+            assert!(
+                order(&pair[0]) < order(&pair[1]),
+                "writer {writer}: versions grow: {:?} then {:?}",
+                pair[0],
+                pair[1]
+            );
+        }
+    }
+
+    // Every acknowledged write is present with the version it was acknowledged with.
+    let checker = SdkSession::connect(broker.port, &unique_client_id("checker")).await;
+    let store = checker.state_store();
+    assert!(history.acknowledged.len() > 20, "enough writes: {}", history.acknowledged.len());
+    for (key, (value, version)) in &history.acknowledged {
+        let got = store.get(key.clone().into_bytes(), CALL_TIMEOUT).await.expect("GET after the failover");
+        assert_eq!(got.response.as_deref(), Some(value.as_bytes()), "{key} is present");
+        assert_eq!(got.version.as_ref().map(order), Some(order(version)), "{key} was applied once");
+    }
+
+    // Notifications for the observed key resumed once the restarted node was back.
+    let resumed = notified.lock().unwrap().iter().filter(|(at, _)| *at > restarted_at).count();
+    assert!(resumed > 0, "notifications for the observed key resume after the failover\n{}", cluster.logs());
+    notified_task.abort();
+    for session in sessions {
+        session.close().await;
+    }
+    checker.close().await;
+    drop(observer_store);
+    observer.close().await;
+}
