@@ -14,7 +14,7 @@ fn set_entry(i: u64, value_len: usize) -> Entry {
         key: format!("key{:06}", i % 10_000).into_bytes(),
         value: vec![b'v'; value_len],
         condition: SetCondition::Always,
-        expiry_ms: (i % 3 == 0).then_some(60_000),
+        expiry_ms: i.is_multiple_of(3).then_some(60_000),
     });
     Entry {
         operation: Operation::Request(ClientRequest {

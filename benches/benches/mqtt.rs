@@ -20,14 +20,11 @@ use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsB
 use azure_iot_operations_mqtt::session::{Session, SessionExitHandle, SessionOptionsBuilder};
 use azure_iot_operations_protocol::application::ApplicationContextBuilder;
 use azure_iot_operations_services::state_store::{self, Operation, SetOptions};
+use statestore_benches::{free_port, percentile_ms};
 use statestore_node::config::{parse_members, BrokerConfig, NodeConfig};
 use statestore_node::server::{self, RunningNode};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 struct Mosquitto(Child);
 
@@ -136,13 +133,6 @@ async fn connect(port: u16, id: &str) -> Client {
     Client { store, exit }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
-}
-
 async fn set_level(clients: &[Client], duration: Duration) -> (f64, Vec<Duration>) {
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -223,25 +213,25 @@ fn main() {
             1,
             one,
             1.0,
-            percentile(&one_latencies, 0.5),
-            percentile(&one_latencies, 0.99)
+            percentile_ms(&one_latencies, 0.5),
+            percentile_ms(&one_latencies, 0.99)
         );
         println!(
             "{:>11}  {:>7.0}  {:>10.1}x  {:>6.2}  {:>6.2}",
             32,
             many,
             many / one,
-            percentile(&many_latencies, 0.5),
-            percentile(&many_latencies, 0.99)
+            percentile_ms(&many_latencies, 0.5),
+            percentile_ms(&many_latencies, 0.99)
         );
         let trials = if benching { 40 } else { 2 };
         let lags = expiry_lags(&clients[0], trials).await;
         println!(
             "expiry DELETE notification after the deadline ({} trials): p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
             lags.len(),
-            percentile(&lags, 0.5),
-            percentile(&lags, 0.99),
-            percentile(&lags, 1.0)
+            percentile_ms(&lags, 0.5),
+            percentile_ms(&lags, 0.99),
+            percentile_ms(&lags, 1.0)
         );
         for client in clients {
             let _ = client.exit.try_exit();

@@ -7,15 +7,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use statestore_benches::{free_port, percentile_ms};
 use statestore_node::config::parse_members;
 use statestore_node::server::{self, RunningNode};
 use statestore_node::{Node, NodeConfig};
 use statestore_protocol::{Hlc, Request, Response, Set};
 use statestore_statemachine::ClientRequest;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 fn config(id: u64, port: u16, members: &str, dir: &std::path::Path) -> NodeConfig {
     NodeConfig {
@@ -101,11 +98,6 @@ async fn run_level(leader: Arc<Node>, proposers: usize, duration: Duration) -> L
     Level { proposers, ops: latencies.len(), elapsed, latencies }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index].as_secs_f64() * 1000.0
-}
-
 fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
     let seconds: f64 = std::env::var("STATESTORE_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(5.0);
@@ -130,8 +122,8 @@ fn main() {
                 level.proposers,
                 rate,
                 rate / base,
-                percentile(&level.latencies, 0.5),
-                percentile(&level.latencies, 0.99)
+                percentile_ms(&level.latencies, 0.5),
+                percentile_ms(&level.latencies, 0.99)
             );
         }
         for running in nodes {

@@ -93,7 +93,7 @@ async fn sdk_clients_ride_through_a_leader_kill_and_restart() {
                 } else {
                     history.lock().unwrap().calls.push((writer, started, false));
                 }
-                if writer == 0 && n % 5 == 0 {
+                if writer == 0 && n.is_multiple_of(5) {
                     let _ = store
                         .set(b"watched".to_vec(), value.into_bytes(), CALL_TIMEOUT, None, SetOptions::default())
                         .await;

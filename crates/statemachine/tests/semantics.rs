@@ -215,10 +215,10 @@ fn versions_are_one_global_monotonic_clock() {
     let (mut h, mut a, mut b) = (Harness::new(), Client::new("a"), Client::new("b"));
     let mut last = Hlc::new(0, 0, "statestore");
     for i in 0..50u64 {
-        if i % 7 == 0 {
+        if i.is_multiple_of(7) {
             h.advance(1);
         }
-        let client = if i % 2 == 0 { &mut a } else { &mut b };
+        let client = if i.is_multiple_of(2) { &mut a } else { &mut b };
         let v = ok(&h.send(client, set(&format!("k{}", i % 5), "v"), None));
         assert!(v > last, "{v} after {last}");
         assert_eq!(v.node_id, "statestore");

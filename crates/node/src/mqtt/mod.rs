@@ -30,7 +30,7 @@ use bytes::Bytes;
 use openraft::error::ClientWriteError;
 use openraft::ServerState;
 use rumqttc::v5::mqttbytes::v5::Publish;
-use statestore_protocol::{Command, Response, StoreError};
+use statestore_protocol::Response;
 use statestore_raft::{Node as RaftNode, NodeId, TypeConfig};
 use statestore_statemachine::{Applied, Entry, Operation, Reply};
 use tokio::sync::{mpsc, oneshot};
@@ -62,7 +62,7 @@ type WriteResult =
 
 /// What the dispatcher handles, in order.
 enum Dispatch {
-    Request(Publish),
+    Request(Box<Publish>),
     /// A request that could not complete where it was; placed again by the current role.
     Retry(Box<Shadowed>),
     /// This node leads and has applied everything committed before: take over the shadow.
@@ -81,7 +81,7 @@ enum Completion {
 /// The responder's queue, in log order.
 enum Pending {
     Proposal { result: WriteResult, completion: Completion },
-    Read(Shadowed),
+    Read(Box<Shadowed>),
 }
 
 pub struct FrontEnd {
@@ -122,7 +122,7 @@ impl FrontEnd {
         let _ = node.broker_connected.set(connection.connected.clone());
         tokio::spawn(async move {
             while let Some(publish) = requests_rx.recv().await {
-                if dispatch_tx.send(Dispatch::Request(publish)).is_err() {
+                if dispatch_tx.send(Dispatch::Request(Box::new(publish))).is_err() {
                     return;
                 }
             }
@@ -152,7 +152,9 @@ impl FrontEnd {
                             self.drop_request(reason);
                             self.connection.ack(&publish).await;
                         }
-                        Ok(inbound) => self.place(Shadowed { inbound, publish, received, acked: false }).await,
+                        Ok(inbound) => {
+                            self.place(Shadowed { inbound, publish: *publish, received, acked: false }).await
+                        }
                     }
                 }
                 Dispatch::Retry(request) => self.place(*request).await,
@@ -231,7 +233,7 @@ impl FrontEnd {
         }
         let (command_request, is_read) = match &request.inbound.body {
             Body::UnsupportedVersion(_) => {
-                self.respond(&request, 505, Reply::new(Response::Error(StoreError::SyntaxError), None), "INVALID");
+                self.respond(&request, 505, Reply::new(Response::Nil, None), "INVALID");
                 self.ack(&request).await;
                 return;
             }
@@ -244,14 +246,14 @@ impl FrontEnd {
         };
         if is_read {
             // Behind every write already proposed: a client's read sees its earlier writes.
-            self.queue(Pending::Read(request)).await;
+            self.queue(Pending::Read(Box::new(request))).await;
             return;
         }
         if let Some(identity) = request.inbound.identity() {
             match self.node.reader.dedup_lookup(&identity) {
                 Ok(Some(reply)) => {
                     self.metrics.dedup_hits.inc();
-                    self.respond(&request, 200, reply, verb(&command_request.command));
+                    self.respond(&request, 200, reply, command_request.command.verb());
                     self.ack(&request).await;
                     return;
                 }
@@ -261,7 +263,7 @@ impl FrontEnd {
         }
         let now = now_ms();
         if let Err(error) = command_request.check_clock_skew(now) {
-            self.respond(&request, 200, Reply::error(error), verb(&command_request.command));
+            self.respond(&request, 200, Reply::error(error), command_request.command.verb());
             self.ack(&request).await;
             return;
         }
@@ -294,7 +296,7 @@ impl FrontEnd {
         while let Some(pending) = rx.recv().await {
             match pending {
                 Pending::Read(request) => {
-                    tokio::spawn(self.clone().read(request));
+                    tokio::spawn(self.clone().read(*request));
                 }
                 Pending::Proposal { result, completion } => match result.await {
                     Ok(Ok(written)) => match written.data.applied {
@@ -324,7 +326,7 @@ impl FrontEnd {
                     self.metrics.dedup_hits.inc();
                 }
                 let command = match &request.inbound.body {
-                    Body::Command(r) => verb(&r.command),
+                    Body::Command(r) => r.command.verb(),
                     _ => "INVALID",
                 };
                 self.respond(&request, 200, applied.reply, command);
@@ -365,7 +367,7 @@ impl FrontEnd {
         let Body::Command(command_request) = &request.inbound.body else { return };
         match self.node.read(command_request, ReadConsistency::Linearizable).await {
             Ok(reply) => {
-                self.respond(&request, 200, reply, verb(&command_request.command));
+                self.respond(&request, 200, reply, command_request.command.verb());
                 self.ack(&request).await;
             }
             Err(ExecuteError::Storage(e)) => {
@@ -539,8 +541,4 @@ impl FrontEnd {
     pub async fn stop(&self) {
         self.connection.disconnect().await;
     }
-}
-
-fn verb(command: &Command) -> &'static str {
-    command.verb()
 }
