@@ -16,6 +16,55 @@ use statestore_protocol::{encode_bulk_array, Get, Hlc, KeyNotify, Set};
 
 const NO_ANSWER: Duration = Duration::from_millis(1500);
 
+#[tokio::test(flavor = "multi_thread")]
+async fn nodes_reconnect_and_subscribe_again_after_the_broker_restarts() {
+    let (mut broker, cluster) = cluster_with_broker().await;
+    let client = RawClient::connect(broker.port, "before-restart").await;
+    assert_eq!(client.request(&set(b"survives", b"yes"), &timestamp()).await.payload, b"+OK\r\n");
+    drop(client);
+
+    // The broker keeps nothing (no persistence): every node gets a CONNACK without a session.
+    broker.restart_after(Duration::from_millis(1500));
+    cluster.wait_ready().await;
+    let client = RawClient::connect(broker.port, "after-restart").await;
+    let reply = client.request(&get(b"survives"), &timestamp()).await;
+    assert_eq!(reply.payload, b"$3\r\nyes\r\n", "served again after the broker came back");
+    assert_eq!(client.request(&set(b"after", b"1"), &timestamp()).await.payload, b"+OK\r\n");
+    for id in cluster.running() {
+        let metrics = cluster.metrics(id).await;
+        assert!(metric(&metrics, "statestore_broker_reconnects_total").unwrap_or(0.0) >= 1.0, "node {id}\n{metrics}");
+        assert_eq!(metric(&metrics, "statestore_broker_connected"), Some(1.0), "node {id}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_without_its_broker_is_not_ready() {
+    let mut broker = Broker::start();
+    let cluster = Cluster::start(3, &["--broker", &broker.address()]).await;
+    cluster.wait_ready().await;
+    let port = broker.port;
+    let http = reqwest::Client::new();
+    let stopped = tokio::task::spawn_blocking(move || {
+        broker.restart_after(Duration::from_secs(4));
+        broker
+    });
+    let mut saw_not_ready = false;
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(3) && !saw_not_ready {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let response = http.get(format!("{}/ready", cluster.url(1))).send().await.unwrap();
+        if response.status() == 503 {
+            let body = response.text().await.unwrap();
+            assert!(body.contains("not connected to the MQTT broker"), "{body}");
+            saw_not_ready = true;
+        }
+    }
+    assert!(saw_not_ready, "/ready reports the lost broker");
+    let broker = stopped.await.unwrap();
+    assert_eq!(broker.port, port);
+    cluster.wait_ready().await;
+}
+
 async fn cluster_with_broker() -> (Broker, Cluster) {
     let broker = Broker::start();
     let cluster = Cluster::start(3, &["--broker", &broker.address()]).await;

@@ -36,21 +36,16 @@ impl Broker {
             ),
         )
         .unwrap();
-        let log = File::create(dir.path().join("mosquitto.log")).unwrap();
-        let child = Command::new(mosquitto())
-            .arg("-c")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start mosquitto ({e}); install it: apt-get install -y mosquitto"));
-        let started = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(started.elapsed() < Duration::from_secs(10), "mosquitto did not start on port {port}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = spawn(&dir, port);
         Broker { port, dir, child }
+    }
+
+    /// Kills the broker (SIGKILL; it keeps no state) and starts a new one on the same port.
+    pub fn restart_after(&mut self, down: Duration) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::thread::sleep(down);
+        self.child = spawn(&self.dir, self.port);
     }
 
     /// `host:port` for the nodes' `--broker` flag.
@@ -68,6 +63,24 @@ impl Drop for Broker {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+fn spawn(dir: &TempDir, port: u16) -> Child {
+    let log = File::options().create(true).append(true).open(dir.path().join("mosquitto.log")).unwrap();
+    let child = Command::new(mosquitto())
+        .arg("-c")
+        .arg(dir.path().join("mosquitto.conf"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start mosquitto ({e}); install it: apt-get install -y mosquitto"));
+    let started = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(started.elapsed() < Duration::from_secs(10), "mosquitto did not start on port {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
 }
 
 /// Debian installs the broker in /usr/sbin, which is not on every user's PATH.
