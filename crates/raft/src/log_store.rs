@@ -93,8 +93,22 @@ impl RaftLogReader<TypeConfig> for LogReader {
 /// The Raft log store. Owned by openraft.
 pub struct LogStore {
     reader: LogReader,
-    flushes: mpsc::Sender<LogFlushed<TypeConfig>>,
+    /// `None` only while dropping.
+    flushes: Option<mpsc::Sender<LogFlushed<TypeConfig>>>,
+    /// Joined on drop, so the thread's handle on the database is gone when the store is: a
+    /// database closing on a detached thread can race the process's exit.
+    flusher: Option<std::thread::JoinHandle<()>>,
     committed: Arc<AtomicU64>,
+}
+
+impl Drop for LogStore {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread once it has reported what it holds.
+        self.flushes.take();
+        if let Some(flusher) = self.flusher.take() {
+            let _ = flusher.join();
+        }
+    }
 }
 
 impl LogStore {
@@ -102,10 +116,10 @@ impl LogStore {
     pub(crate) fn new(db: Arc<DB>, metrics: StorageMetrics, committed: Arc<AtomicU64>) -> io::Result<LogStore> {
         let (flushes, pending) = mpsc::channel();
         let flusher_db = db.clone();
-        std::thread::Builder::new()
+        let flusher = std::thread::Builder::new()
             .name("raft-log-fsync".into())
             .spawn(move || flush_loop(&flusher_db, &pending, &metrics))?;
-        Ok(LogStore { reader: LogReader { db }, flushes, committed })
+        Ok(LogStore { reader: LogReader { db }, flushes: Some(flushes), flusher: Some(flusher), committed })
     }
 
     fn db(&self) -> &DB {
@@ -195,9 +209,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         // Written (and so readable) now; on disk once the flusher's fsync returns.
         self.db().write(batch).map_err(|e| StorageIOError::write_logs(&e))?;
-        self.flushes
-            .send(callback)
-            .map_err(|_| StorageIOError::write_logs(AnyError::error("the log fsync thread has stopped")))?;
+        let sent = self.flushes.as_ref().is_some_and(|flushes| flushes.send(callback).is_ok());
+        if !sent {
+            return Err(StorageIOError::write_logs(AnyError::error("the log fsync thread has stopped")).into());
+        }
         Ok(())
     }
 
