@@ -89,12 +89,11 @@ impl Connection {
     }
 }
 
+/// Where the connection task hands each received request, in arrival order. It must not block.
+pub type RequestSink = Box<dyn Fn(Publish) + Send>;
+
 /// Builds the connection and starts its task. Received requests go to `requests`.
-pub fn start(
-    config: &BrokerConfig,
-    requests: mpsc::UnboundedSender<Publish>,
-    metrics: FrontEndMetrics,
-) -> anyhow::Result<Connection> {
+pub fn start(config: &BrokerConfig, requests: RequestSink, metrics: FrontEndMetrics) -> anyhow::Result<Connection> {
     let options = mqtt_options(config)?;
     // Room for every publish the task lets in flight plus the acks other tasks send.
     let capacity = 2 * usize::from(config.inflight) + 64;
@@ -217,7 +216,7 @@ struct ConnectionTask {
     eventloop: EventLoop,
     client: AsyncClient,
     outbound: mpsc::UnboundedReceiver<Outbound>,
-    requests: mpsc::UnboundedSender<Publish>,
+    requests: RequestSink,
     metrics: FrontEndMetrics,
     connected: watch::Sender<bool>,
     sessions: watch::Sender<u64>,
@@ -307,11 +306,10 @@ impl ConnectionTask {
             }
             Event::Incoming(Packet::Publish(publish)) => {
                 if publish.topic.as_ref() == REQUEST_TOPIC.as_bytes() {
-                    let _ = self.requests.send(publish);
+                    (self.requests)(publish);
                 } else {
                     tracing::warn!(topic = %String::from_utf8_lossy(&publish.topic), "a publish on a topic we did not subscribe to");
-                    let client = self.client.clone();
-                    let _ = client.try_ack(&publish);
+                    let _ = self.client.try_ack(&publish);
                 }
             }
             Event::Incoming(Packet::PubAck(puback)) => {

@@ -102,11 +102,15 @@ impl FrontEnd {
     /// Connects to the broker and starts the front end's tasks.
     pub fn start(node: Arc<Node>, config: &BrokerConfig) -> anyhow::Result<Arc<FrontEnd>> {
         let metrics = FrontEndMetrics::register(&node.metrics.registry)?;
-        let (requests_tx, mut requests_rx) = mpsc::unbounded_channel();
-        let connection = connection::start(config, requests_tx, metrics.clone())?;
+        let (dispatch_tx, dispatch_rx) = mpsc::unbounded_channel();
+        let requests = dispatch_tx.clone();
+        let sink: connection::RequestSink = Box::new(move |publish| {
+            // Closed only when the dispatcher is gone, i.e. the node is stopping.
+            let _ = requests.send(Dispatch::Request(Box::new(publish)));
+        });
+        let connection = connection::start(config, sink, metrics.clone())?;
         let (gone_tx, gone_rx) = mpsc::unbounded_channel();
         let notifier = Notifier::new(node.reader.clone(), connection.clone(), metrics.clone(), gone_tx);
-        let (dispatch_tx, dispatch_rx) = mpsc::unbounded_channel();
         let (pending_tx, pending_rx) = mpsc::unbounded_channel();
         let front = Arc::new(FrontEnd {
             node: node.clone(),
@@ -115,18 +119,11 @@ impl FrontEnd {
             notifier,
             shadow: Mutex::new(Shadow::new(SHADOW_CAPACITY, SHADOW_RETENTION)),
             leading: AtomicBool::new(false),
-            dispatch: dispatch_tx.clone(),
+            dispatch: dispatch_tx,
             proposer: tokio::sync::Mutex::new(pending_tx),
             expiring: Mutex::new(HashSet::new()),
         });
         let _ = node.broker_connected.set(connection.connected.clone());
-        tokio::spawn(async move {
-            while let Some(publish) = requests_rx.recv().await {
-                if dispatch_tx.send(Dispatch::Request(Box::new(publish))).is_err() {
-                    return;
-                }
-            }
-        });
         tokio::spawn(front.clone().dispatcher(dispatch_rx));
         tokio::spawn(front.clone().responder(pending_rx));
         tokio::spawn(front.clone().leadership());
@@ -249,7 +246,9 @@ impl FrontEnd {
             self.queue(Pending::Read(Box::new(request))).await;
             return;
         }
-        if let Some(identity) = request.inbound.identity() {
+        // A broker redelivery was most likely applied already: answer it without a log entry.
+        // Anything else is checked by apply, which answers a duplicate from the same table.
+        if let Some(identity) = request.inbound.identity().filter(|_| request.publish.dup) {
             match self.node.reader.dedup_lookup(&identity) {
                 Ok(Some(reply)) => {
                     self.metrics.dedup_hits.inc();
