@@ -61,6 +61,18 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// The wall clock a proposal carries. A request whose `__ts` is at or a few milliseconds past
+/// `now_ms` would get a version in the request's millisecond with counter 1; stamping one
+/// millisecond past the request instead keeps counter 0, as the SDKs' lease-renewal tests
+/// expect (PROTOCOL.md §10.8). The push is at most `NUDGE_MS + 1` ms.
+pub fn proposal_clock(request: &Request, now_ms: u64) -> u64 {
+    const NUDGE_MS: u64 = 5;
+    match &request.timestamp {
+        Some(ts) if ts.timestamp >= now_ms && ts.timestamp <= now_ms + NUDGE_MS => ts.timestamp + 1,
+        _ => now_ms,
+    }
+}
+
 /// A started node.
 pub struct Node {
     pub id: NodeId,
@@ -154,7 +166,8 @@ impl Node {
         if let Err(error) = request.request.check_clock_skew(now) {
             return Ok(Reply::error(error));
         }
-        let committed = self.propose(Entry { operation: Operation::Request(request), wall_clock_ms: now }).await?;
+        let wall_clock_ms = proposal_clock(&request.request, now);
+        let committed = self.propose(Entry { operation: Operation::Request(request), wall_clock_ms }).await?;
         Ok(committed.applied.reply)
     }
 
@@ -205,5 +218,30 @@ impl Node {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft did not stop cleanly");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use statestore_protocol::{Hlc, Set};
+
+    #[test]
+    fn a_request_in_the_current_millisecond_gets_a_counter_0_version() {
+        let request = |ts: Option<u64>| {
+            let payload = Set::new("k", "v").encode();
+            let ts = ts.map(|ms| Hlc::new(ms, 0, "client").to_string());
+            Request::parse(&payload, Some(ts.as_deref().unwrap_or("000000000000001:00000:c")), None).unwrap()
+        };
+        let now = 1_000_000;
+        for ts in [now, now + 3, now + 5] {
+            let wall = proposal_clock(&request(Some(ts)), now);
+            assert_eq!(wall, ts + 1);
+            let version = Hlc::new(0, 0, "statestore").successor(request(Some(ts)).timestamp.as_ref(), wall);
+            assert_eq!(version.counter, 0, "ts {ts}");
+        }
+        assert_eq!(proposal_clock(&request(Some(now - 1)), now), now, "an older request changes nothing");
+        assert_eq!(proposal_clock(&request(Some(now + 60_000)), now), now, "a skewed client does not move our clock");
+        assert_eq!(proposal_clock(&request(None), now), now, "a request from the distant past changes nothing");
     }
 }

@@ -36,7 +36,7 @@ use statestore_statemachine::{Applied, Entry, Operation, Reply};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::BrokerConfig;
-use crate::node::{now_ms, ExecuteError, Node, ReadConsistency};
+use crate::node::{now_ms, proposal_clock, ExecuteError, Node, ReadConsistency};
 use connection::Connection;
 use envelope::{Body, DropReason, Inbound};
 use metrics::FrontEndMetrics;
@@ -267,7 +267,8 @@ impl FrontEnd {
             return;
         }
         let Some(client_request) = request.inbound.client_request() else { return };
-        let entry = Entry { operation: Operation::Request(client_request), wall_clock_ms: now };
+        let wall_clock_ms = proposal_clock(command_request, now);
+        let entry = Entry { operation: Operation::Request(client_request), wall_clock_ms };
         self.propose(entry, Completion::Respond(Box::new(request))).await;
     }
 
