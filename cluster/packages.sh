@@ -2,11 +2,22 @@
 # The Debian packages the build, the tests and the local cluster need: libclang for RocksDB's
 # bindgen, a C++ compiler and make for RocksDB itself, libssl-dev and pkg-config for the SDK
 # crates the conformance tests use, mosquitto as the broker, procps for `kill`, curl for the
-# scripts. `--check` only reports what is missing (exit 1); without it, missing ones are
-# installed with apt-get (as root, or through sudo).
+# scripts; with `--tests` also prometheus (the scrape test, and the air-gapped Prometheus image).
+# `--check` only reports what is missing (exit 1); without it, missing ones are installed with
+# apt-get (as root, or through sudo).
+#
+#   cluster/packages.sh [--tests] [--check]
 set -euo pipefail
 
 PACKAGES=(libclang-dev g++ make pkg-config libssl-dev mosquitto procps curl)
+check=false
+for arg in "$@"; do
+  case "$arg" in
+    --tests) PACKAGES+=(prometheus) ;;
+    --check) check=true ;;
+    *) echo "usage: $0 [--tests] [--check]" >&2; exit 64 ;;
+  esac
+done
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do
@@ -16,7 +27,7 @@ done
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo "
-if [[ "${1:-}" == "--check" ]]; then
+if $check; then
   echo "missing Debian packages: ${missing[*]}" >&2
   echo "install them with:  ${SUDO}apt-get update && ${SUDO}apt-get install -y ${missing[*]}" >&2
   exit 1

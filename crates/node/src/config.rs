@@ -51,6 +51,9 @@ pub struct Args {
     /// Log filter, e.g. `info` or `statestore=debug,openraft=info`. Default `info`.
     #[arg(long, env = "STATESTORE_LOG")]
     pub log: Option<String>,
+    /// Log line format: `text` (default) or `json` (one JSON object per line, for log shippers).
+    #[arg(long, env = "STATESTORE_LOG_FORMAT")]
+    pub log_format: Option<String>,
     /// The MQTT5 broker to serve the state store protocol through, as `host:port`. Without it the
     /// node serves only HTTP.
     #[arg(long, env = "STATESTORE_BROKER")]
@@ -107,6 +110,7 @@ struct FileConfig {
     snapshot_every: Option<u64>,
     logs_kept: Option<u64>,
     log: Option<String>,
+    log_format: Option<String>,
     broker: Option<String>,
     broker_client_id_prefix: Option<String>,
     broker_tls: Option<bool>,
@@ -135,6 +139,8 @@ pub struct NodeConfig {
     pub snapshot_every: u64,
     pub logs_kept: u64,
     pub log: String,
+    /// Log lines as JSON objects instead of text.
+    pub log_json: bool,
     /// The MQTT front end, when a broker is configured.
     pub broker: Option<BrokerConfig>,
 }
@@ -155,17 +161,15 @@ pub struct BrokerConfig {
 }
 
 /// TLS to the broker: the CA to trust (system roots when `None`) and an optional client identity.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsConfig {
-    pub ca: Option<PathBuf>,
-    pub client_auth: Option<(PathBuf, PathBuf)>,
-}
+pub use statestore_client::tls::TlsConfig;
 
 /// A configuration that cannot work.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
     #[error("reading the config file {path}: {detail}")]
     File { path: String, detail: String },
+    #[error("--log-format must be `text` or `json`, not {0:?}")]
+    LogFormat(String),
     #[error("--id is required (or STATESTORE_ID, or `id` in the config file)")]
     MissingId,
     #[error("--id must be a positive integer")]
@@ -219,6 +223,11 @@ impl NodeConfig {
             snapshot_every: args.snapshot_every.or(file.snapshot_every).unwrap_or(10_000),
             logs_kept: args.logs_kept.or(file.logs_kept).unwrap_or(1_000),
             log: args.log.or(file.log).unwrap_or_else(|| "info".to_string()),
+            log_json: match args.log_format.or(file.log_format).as_deref() {
+                None | Some("text") => false,
+                Some("json") => true,
+                Some(other) => return Err(ConfigError::LogFormat(other.to_string())),
+            },
             broker,
         };
         config.check_timings()?;

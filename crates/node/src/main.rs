@@ -13,9 +13,12 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(2);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_new(&config.log).unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = EnvFilter::try_new(&config.log).unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if config.log_json {
+        logs.json().with_current_span(false).init();
+    } else {
+        logs.init();
+    }
     server::run(config, server::signal()).await
 }

@@ -8,13 +8,9 @@
 //! Reconnects back off exponentially with jitter; a CONNACK without a session subscribes again.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::File;
-use std::io::BufReader;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, Publish, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
@@ -25,7 +21,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::metrics::FrontEndMetrics;
-use crate::config::{BrokerConfig, TlsConfig};
+use crate::config::BrokerConfig;
 
 /// What became of a QoS 1 publish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,50 +136,11 @@ fn mqtt_options(config: &BrokerConfig) -> anyhow::Result<MqttOptions> {
         options.set_credentials(username.clone(), password.clone().unwrap_or_default());
     }
     if let Some(tls) = &config.tls {
-        options.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(Arc::new(tls_config(tls)?))));
+        options.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(Arc::new(
+            statestore_client::tls::client_config(tls)?,
+        ))));
     }
     Ok(options)
-}
-
-/// rustls with the ring provider: the CA file's certificates (or the system roots) and an
-/// optional client certificate for mutual TLS.
-fn tls_config(tls: &TlsConfig) -> anyhow::Result<rustls::ClientConfig> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    match &tls.ca {
-        Some(ca) => {
-            for cert in read_certs(ca)? {
-                roots.add(cert).with_context(|| format!("adding a CA certificate from {}", ca.display()))?;
-            }
-        }
-        None => {
-            let native = rustls_native_certs::load_native_certs();
-            roots.add_parsable_certificates(native.certs);
-        }
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?
-        .with_root_certificates(roots);
-    Ok(match &tls.client_auth {
-        Some((cert, key)) => {
-            let chain = read_certs(cert)?;
-            let key = rustls_pemfile::private_key(&mut BufReader::new(File::open(key)?))
-                .with_context(|| format!("reading {}", key.display()))?
-                .with_context(|| format!("no private key in {}", key.display()))?;
-            builder.with_client_auth_cert(chain, key).context("the client certificate and key do not match")?
-        }
-        None => builder.with_no_client_auth(),
-    })
-}
-
-fn read_certs(path: &Path) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let certs = rustls_pemfile::certs(&mut BufReader::new(file))
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("reading certificates from {}", path.display()))?;
-    anyhow::ensure!(!certs.is_empty(), "no certificate in {}", path.display());
-    Ok(certs)
 }
 
 /// Exponential reconnect delays from 100 ms to 10 s, each drawn uniformly from [d/2, d], so

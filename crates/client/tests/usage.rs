@@ -1,0 +1,26 @@
+//! The CLI's own command line, without a broker or a cluster: help, version and usage errors.
+//! (Everything against a real cluster is in crates/node/tests/cli.rs, which runs this binary.)
+
+use std::process::Command;
+
+fn cli(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_statestore-cli")).args(args).output().unwrap()
+}
+
+#[test]
+fn help_version_and_usage_errors() {
+    let help = cli(&["--help"]);
+    assert_eq!(help.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&help.stdout);
+    for word in ["get", "set", "del", "vdel", "watch", "lock", "cluster", "Exit codes", "--cafile", "-h, --host"] {
+        assert!(text.contains(word), "{word} missing from:\n{text}");
+    }
+    let version = cli(&["--version"]);
+    assert_eq!(version.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&version.stdout).starts_with("statestore-cli "));
+    for args in [&["set"][..], &["get"], &["nope"], &["--port", "x", "get", "k"], &["--cert", "c", "get", "k"]] {
+        let output = cli(args);
+        assert_eq!(output.status.code(), Some(64), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        assert!(!output.stderr.is_empty());
+    }
+}
