@@ -396,6 +396,16 @@ mod tests {
     }
 
     #[test]
+    fn log_format_is_text_or_json() {
+        assert!(!NodeConfig::from_args(args(&["--id", "1"])).unwrap().log_json);
+        assert!(!NodeConfig::from_args(args(&["--id", "1", "--log-format", "text"])).unwrap().log_json);
+        assert!(NodeConfig::from_args(args(&["--id", "1", "--log-format", "json"])).unwrap().log_json);
+        let wrong = NodeConfig::from_args(args(&["--id", "1", "--log-format", "xml"])).unwrap_err();
+        assert_eq!(wrong, ConfigError::LogFormat("xml".into()));
+        assert_eq!(wrong.to_string(), "--log-format must be `text` or `json`, not \"xml\"");
+    }
+
+    #[test]
     fn broker_settings_parse_and_wrong_ones_are_refused() {
         assert_eq!(NodeConfig::from_args(args(&["--id", "1"])).unwrap().broker, None);
         let broker = NodeConfig::from_args(args(&["--id", "4", "--broker", "127.0.0.1:1883"])).unwrap().broker.unwrap();
