@@ -88,6 +88,7 @@ async fn start_cluster(dir: &std::path::Path, mqtt_port: u16) -> Vec<RunningNode
             snapshot_every: 10_000,
             logs_kept: 1_000,
             log: "warn".into(),
+            log_json: false,
             broker: Some(BrokerConfig {
                 host: "127.0.0.1".into(),
                 port: mqtt_port,

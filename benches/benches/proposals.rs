@@ -27,6 +27,7 @@ fn config(id: u64, port: u16, members: &str, dir: &std::path::Path) -> NodeConfi
         snapshot_every: 10_000,
         logs_kept: 1_000,
         log: "warn".into(),
+        log_json: false,
         broker: None,
     }
 }

@@ -94,6 +94,38 @@ async fn raft_and_command_routes_refuse_malformed_bodies() {
     assert_eq!(missing.json::<Value>().await.unwrap()["code"], "not_found");
 }
 
+fn signal(cluster: &Cluster, id: u64, signal: &str) {
+    let pid = cluster.nodes[&id].child.as_ref().unwrap().id();
+    assert!(Command::new("kill").arg(signal).arg(pid.to_string()).status().unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_reaches_no_quorum_is_not_ready() {
+    let cluster = Cluster::start(3, &[]).await;
+    cluster.wait_ready().await;
+    let leader = cluster.wait_leader().await;
+    let followers: Vec<u64> = cluster.running().into_iter().filter(|id| *id != leader).collect();
+    // Both followers frozen: the leader still believes it leads, but it cannot serve anything.
+    for id in &followers {
+        signal(&cluster, *id, "-STOP");
+    }
+    let ready_url = format!("{}/ready", cluster.url(leader));
+    let started = std::time::Instant::now();
+    let body = loop {
+        let response = cluster.http.get(&ready_url).send().await.unwrap();
+        if response.status() == 503 {
+            break response.json::<Value>().await.unwrap();
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "the cut-off leader stayed ready");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(body["message"], "the leader cannot reach a quorum", "{body}");
+    for id in &followers {
+        signal(&cluster, *id, "-CONT");
+    }
+    cluster.wait_ready().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_readiness_metrics_and_a_graceful_stop() {
     let mut cluster = Cluster::start(1, &[]).await;

@@ -242,8 +242,8 @@ pub async fn health(State(node): State<Arc<Node>>) -> Response {
     }
 }
 
-/// `GET /ready`: this node is a member, knows a leader, and has applied everything it knows to
-/// be committed.
+/// `GET /ready`: this node is a member, knows a leader, has applied everything it knows to be
+/// committed, is connected to its broker, and, when it leads, still reaches a quorum.
 pub async fn ready(State(node): State<Arc<Node>>) -> Response {
     let status = cluster_status(&node);
     let member = status.voters.iter().chain(&status.learners).any(|m| m.id == node.id);
@@ -255,6 +255,10 @@ pub async fn ready(State(node): State<Arc<Node>>) -> Response {
         Some("catching up: applied index is behind the committed index")
     } else if node.broker_connected.get().is_some_and(|connected| !*connected.borrow()) {
         Some("not connected to the MQTT broker")
+    } else if status.role == "leader" && !leads_a_quorum(&node).await {
+        // A leader cut off from the others still believes it leads until it hears a higher
+        // term; it cannot serve anything, so it is not ready.
+        Some("the leader cannot reach a quorum")
     } else {
         None
     };
@@ -262,6 +266,12 @@ pub async fn ready(State(node): State<Arc<Node>>) -> Response {
         None => (StatusCode::OK, Json(serde_json::json!({"status": "ready"}))).into_response(),
         Some(reason) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", reason).into_response(),
     }
+}
+
+/// One heartbeat round to a quorum, bounded by the longest election timeout.
+async fn leads_a_quorum(node: &Node) -> bool {
+    let wait = Duration::from_millis(node.raft.config().election_timeout_max);
+    matches!(tokio::time::timeout(wait, node.raft.ensure_linearizable()).await, Ok(Ok(_)))
 }
 
 /// `GET /metrics`: Prometheus text format.
