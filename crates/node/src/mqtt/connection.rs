@@ -112,6 +112,7 @@ pub fn start(config: &BrokerConfig, requests: RequestSink, metrics: FrontEndMetr
         is_connected: false,
         stash: None,
         backoff: Backoff::new(),
+        collision_since: None,
     };
     tokio::spawn(task.run());
     Ok(Connection { client, outbound: outbound_tx, connected, sessions })
@@ -189,7 +190,14 @@ struct ConnectionTask {
     /// A publish rumqttc's channel had no room for.
     stash: Option<Outbound>,
     backoff: Backoff,
+    /// Since when rumqttc has held a publish back because its packet id is still unacknowledged
+    /// (a collision). rumqttc itself gives up only after two keep-alive periods.
+    collision_since: Option<Instant>,
 }
+
+/// How long a packet-id collision may last before the connection is dropped and established
+/// again (everything unacknowledged is sent again in the resumed session).
+const COLLISION_GRACE: Duration = Duration::from_secs(1);
 
 impl ConnectionTask {
     async fn run(mut self) {
@@ -200,6 +208,13 @@ impl ConnectionTask {
             tokio::select! {
                 _ = async { tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)).await }, if retry_at.is_some() => {
                     retry_at = None;
+                }
+                _ = async { tokio::time::sleep_until(self.collision_since.unwrap_or_else(Instant::now) + COLLISION_GRACE).await },
+                    if self.collision_since.is_some() && retry_at.is_none() => {
+                    self.collision_since = None;
+                    if self.eventloop.state.collision.is_some() {
+                        self.drop_connection();
+                    }
                 }
                 event = self.eventloop.poll(), if retry_at.is_none() => match event {
                     Ok(event) => self.on_event(event),
@@ -238,8 +253,24 @@ impl ConnectionTask {
         }
     }
 
+    /// Drops the connection so that the next poll connects again at once. The held-back publish
+    /// was never sent: it goes back in the queue without its packet id and gets a fresh one.
+    fn drop_connection(&mut self) {
+        let held = self.eventloop.state.collision.take();
+        self.eventloop.clean();
+        if let Some(mut publish) = held {
+            publish.pkid = 0;
+            self.eventloop.pending.push_back(rumqttc::v5::Request::Publish(publish));
+        }
+        self.connection_lost("a packet-id collision was not resolved within 1 s; connecting again");
+    }
+
     fn on_event(&mut self, event: Event) {
         match event {
+            Event::Outgoing(Outgoing::AwaitAck(pkid)) => {
+                tracing::info!(pkid, "rumqttc holds a publish back: its packet id is still unacknowledged");
+                self.collision_since.get_or_insert_with(Instant::now);
+            }
             Event::Incoming(Packet::ConnAck(connack)) => {
                 self.is_connected = true;
                 self.backoff.reset();
@@ -305,22 +336,27 @@ impl ConnectionTask {
 
     fn on_error(&mut self, error: &rumqttc::v5::ConnectionError) {
         if self.is_connected {
-            // rumqttc has moved everything not yet acknowledged into its resend queue: the
-            // pairing of packet ids starts again with the next connection.
-            self.is_connected = false;
-            for delivery in self.awaiting_id.drain(..).flatten() {
-                let _ = delivery.send(Delivery::Unknown);
-            }
-            for (_, delivery) in self.awaiting_ack.drain() {
-                let _ = delivery.send(Delivery::Unknown);
-            }
-            let _ = self.connected.send(false);
-            self.metrics.broker_connected.set(0);
-            self.metrics.broker_reconnects.inc();
-            tracing::warn!(%error, "lost the broker connection");
+            self.connection_lost(&error.to_string());
         } else {
             tracing::warn!(%error, "cannot connect to the broker");
         }
+    }
+
+    fn connection_lost(&mut self, error: &str) {
+        // rumqttc has moved everything not yet acknowledged into its resend queue: the pairing
+        // of packet ids starts again with the next connection.
+        self.is_connected = false;
+        self.collision_since = None;
+        for delivery in self.awaiting_id.drain(..).flatten() {
+            let _ = delivery.send(Delivery::Unknown);
+        }
+        for (_, delivery) in self.awaiting_ack.drain() {
+            let _ = delivery.send(Delivery::Unknown);
+        }
+        let _ = self.connected.send(false);
+        self.metrics.broker_connected.set(0);
+        self.metrics.broker_reconnects.inc();
+        tracing::warn!(%error, "lost the broker connection");
     }
 }
 
