@@ -25,9 +25,8 @@ endpoints="http://127.0.0.1:$STATESTORE_HTTP_PORT_1,http://127.0.0.1:$STATESTORE
 
 die() { echo "compose-check.sh: $*" >&2; echo "compose: result=fail"; exit 1; }
 
-compose() {
-  if docker compose version >/dev/null 2>&1; then docker compose "$@"; else docker-compose "$@"; fi
-}
+# shellcheck source=cluster/compose.sh
+source cluster/compose.sh
 
 [[ -x "$cli" ]] || die "$cli is missing; build it with: cargo build --release --workspace --bins --locked"
 

@@ -57,9 +57,8 @@ now_ms() { date +%s%3N; }
 fail() { failures+=("$1"); echo "FAIL: $1"; }
 seconds() { awk -v ms="$1" 'BEGIN { printf "%.1f", ms / 1000 }'; }
 
-compose() {
-  if docker compose version >/dev/null 2>&1; then docker compose "$@"; else docker-compose "$@"; fi
-}
+# shellcheck source=cluster/compose.sh
+source cluster/compose.sh
 
 # The container of a compose service of this project (also when it is stopped).
 container() {

@@ -30,10 +30,8 @@ die() { echo "images.sh: $*" >&2; exit 1; }
 
 usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
-# `docker compose` (v2) when the plugin is there, else docker-compose (v1).
-compose() {
-  if docker compose version >/dev/null 2>&1; then docker compose "$@"; else docker-compose "$@"; fi
-}
+# shellcheck source=cluster/compose.sh
+source cluster/compose.sh
 
 build=1
 strip_debug=1

@@ -110,7 +110,8 @@ pub struct Client {
     task: tokio::task::JoinHandle<()>,
 }
 
-fn now_ms() -> u64 {
+/// Milliseconds since the Unix epoch by the wall clock.
+pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
@@ -144,17 +145,11 @@ impl Client {
 
         // The first connection is made here, so that a refused or unreachable broker is an error
         // of `connect` rather than an endless retry.
-        let connack = tokio::time::timeout(options.connect_timeout, async {
-            loop {
-                match eventloop.poll().await {
-                    Ok(Event::Incoming(Packet::ConnAck(ack))) => return Ok(ack),
-                    Ok(_) => {}
-                    Err(e) => return Err(describe(&e)),
-                }
-            }
+        let connack = next_packet(&mut eventloop, options.connect_timeout, "CONNACK", |packet| match packet {
+            Packet::ConnAck(ack) => Some(ack),
+            _ => None,
         })
         .await
-        .map_err(|_| connect_error("no CONNACK in time".into()))?
         .map_err(connect_error)?;
         if connack.code != ConnectReturnCode::Success {
             return Err(connect_error(format!("the broker refused the connection: {:?}", connack.code)));
@@ -164,17 +159,11 @@ impl Client {
             Filter::new(notification_filter, QoS::AtLeastOnce),
         ];
         mqtt.subscribe_many(filters.clone()).await.map_err(|e| connect_error(e.to_string()))?;
-        let suback = tokio::time::timeout(options.connect_timeout, async {
-            loop {
-                match eventloop.poll().await {
-                    Ok(Event::Incoming(Packet::SubAck(ack))) => return Ok(ack),
-                    Ok(_) => {}
-                    Err(e) => return Err(describe(&e)),
-                }
-            }
+        let suback = next_packet(&mut eventloop, options.connect_timeout, "SUBACK", |packet| match packet {
+            Packet::SubAck(ack) => Some(ack),
+            _ => None,
         })
         .await
-        .map_err(|_| connect_error("no SUBACK in time".into()))?
         .map_err(connect_error)?;
         if let Some(code) = suback
             .return_codes
@@ -284,6 +273,30 @@ impl Client {
         let _ = self.mqtt.disconnect().await;
         let _ = tokio::time::timeout(Duration::from_secs(2), self.task).await;
     }
+}
+
+/// Polls until the broker sends the packet `pick` accepts; a connection error or the timeout
+/// ends the wait with a description.
+async fn next_packet<T>(
+    eventloop: &mut EventLoop,
+    timeout: Duration,
+    name: &str,
+    pick: impl Fn(Packet) -> Option<T>,
+) -> Result<T, String> {
+    let wait = async {
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(packet)) => {
+                    if let Some(found) = pick(packet) {
+                        return Ok(found);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => return Err(describe(&e)),
+            }
+        }
+    };
+    tokio::time::timeout(timeout, wait).await.map_err(|_| format!("no {name} in time"))?
 }
 
 fn describe(error: &ConnectionError) -> String {

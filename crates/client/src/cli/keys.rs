@@ -10,7 +10,7 @@ use statestore_protocol::{
     Command as Request, Del, Get, Hlc, KeyNotify, Notification, Response, Scan, Set, SetCondition, StoreError, VDel,
 };
 
-use super::{bytes_fields, connect, load, lock, printable, read_value, Command, Outcome, Output};
+use super::{bytes_fields, connect, load, lock, printable, shutdown_signal, Command, Outcome, Output};
 
 pub async fn run(out: &Output, options: ClientOptions, command: Command) -> Outcome {
     // Everything that can be checked without the broker is checked first.
@@ -67,8 +67,8 @@ fn prepare(command: Command) -> Result<Prepared, String> {
         Command::Get { key, output } => {
             Prepared::Single { request: Request::Get(Get { key: key_bytes(key)? }), fencing_token: None, output }
         }
-        Command::Set { key, value, file, nx, nex, px, fencing_token } => {
-            let mut set = Set::new(key_bytes(key)?, read_value(value, file)?);
+        Command::Set { key, value, nx, nex, px, fencing_token } => {
+            let mut set = Set::new(key_bytes(key)?, value.read()?);
             set.condition = match (nx, nex) {
                 (true, _) => SetCondition::NotExists,
                 (_, true) => SetCondition::NotExistsOrEqual,
@@ -82,8 +82,8 @@ fn prepare(command: Command) -> Result<Prepared, String> {
             fencing_token: fencing(fencing_token)?,
             output: None,
         },
-        Command::Vdel { key, value, file, fencing_token } => Prepared::Single {
-            request: Request::VDel(VDel { key: key_bytes(key)?, value: read_value(value, file)? }),
+        Command::Vdel { key, value, fencing_token } => Prepared::Single {
+            request: Request::VDel(VDel { key: key_bytes(key)?, value: value.read()? }),
             fencing_token: fencing(fencing_token)?,
             output: None,
         },
@@ -281,17 +281,4 @@ async fn watch(out: &Output, client: &Client, keys: Vec<Vec<u8>>, count: Option<
         }
     }
     outcome
-}
-
-/// Resolves on SIGINT or SIGTERM.
-pub(super) async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut term) = signal(SignalKind::terminate()) else {
-        let _ = tokio::signal::ctrl_c().await;
-        return;
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
 }

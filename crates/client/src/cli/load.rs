@@ -4,11 +4,11 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use clap::Args as ClapArgs;
 use serde_json::json;
-use statestore_client::{Client, Reply};
+use statestore_client::{now_ms, Client, Reply};
 use statestore_protocol::{Command as Request, Response, Set};
 
 use super::{Outcome, Output};
@@ -50,10 +50,6 @@ impl LoadArgs {
     }
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 #[derive(Default)]
 struct Record {
     /// (sent, done, ok) per completed write.
@@ -81,10 +77,10 @@ pub async fn run(out: &Output, client: Arc<Client>, args: LoadArgs) -> Outcome {
             while tokio::time::Instant::now() < end {
                 let key = format!("{prefix}/{writer}/{}", n % 100);
                 n += 1;
-                let sent = unix_ms();
+                let sent = now_ms();
                 let reply = client.request(&Request::Set(Set::new(key, value.clone())), None).await;
                 let ok = matches!(reply, Ok(Reply { response: Response::Ok, .. }));
-                record.lock().unwrap().writes.push((sent, unix_ms(), ok));
+                record.lock().unwrap().writes.push((sent, now_ms(), ok));
                 if !ok {
                     // A failed write (no leader yet) is retried at once by the next one.
                     continue;

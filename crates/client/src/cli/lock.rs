@@ -10,8 +10,7 @@ use serde_json::json;
 use statestore_client::{Client, Reply};
 use statestore_protocol::{Command as Request, Hlc, Response, Set, SetCondition, VDel};
 
-use super::keys::shutdown_signal;
-use super::{printable, Outcome, Output};
+use super::{printable, shutdown_signal, Outcome, Output};
 
 #[derive(Debug, ClapArgs)]
 pub struct LockArgs {

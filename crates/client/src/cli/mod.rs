@@ -118,11 +118,8 @@ pub enum Command {
     Set {
         #[arg(value_parser = clap::value_parser!(OsString))]
         key: OsString,
-        #[arg(value_parser = clap::value_parser!(OsString), required_unless_present = "file", conflicts_with = "file")]
-        value: Option<OsString>,
-        /// Read the value from a file, `-` for standard input.
-        #[arg(short = 'f', long)]
-        file: Option<PathBuf>,
+        #[command(flatten)]
+        value: ValueArgs,
         /// Only if the key does not exist (exit 2 otherwise).
         #[arg(long, conflicts_with = "nex")]
         nx: bool,
@@ -147,11 +144,8 @@ pub enum Command {
     Vdel {
         #[arg(value_parser = clap::value_parser!(OsString))]
         key: OsString,
-        #[arg(value_parser = clap::value_parser!(OsString), required_unless_present = "file", conflicts_with = "file")]
-        value: Option<OsString>,
-        /// Read the value from a file, `-` for standard input.
-        #[arg(short = 'f', long)]
-        file: Option<PathBuf>,
+        #[command(flatten)]
+        value: ValueArgs,
         #[arg(long, value_name = "HLC")]
         fencing_token: Option<String>,
     },
@@ -219,17 +213,41 @@ async fn connect(out: &Output, options: ClientOptions) -> Result<Client, Outcome
     Client::connect(options).await.map_err(|e| out.error(&e.to_string()))
 }
 
-/// A value from an argument or a file (`-` for standard input), byte-exact.
-fn read_value(value: Option<OsString>, file: Option<PathBuf>) -> Result<Vec<u8>, String> {
-    match (value, file) {
-        (Some(value), _) => Ok(value.into_vec()),
-        (None, Some(path)) if path.as_os_str() == "-" => {
-            let mut buffer = Vec::new();
-            std::io::stdin().read_to_end(&mut buffer).map_err(|e| format!("reading standard input: {e}"))?;
-            Ok(buffer)
+/// A value from the argument or from a file (`-` for standard input), byte-exact.
+#[derive(Debug, ClapArgs)]
+pub struct ValueArgs {
+    #[arg(value_parser = clap::value_parser!(OsString), required_unless_present = "file", conflicts_with = "file")]
+    value: Option<OsString>,
+    /// Read the value from a file, `-` for standard input.
+    #[arg(short = 'f', long)]
+    file: Option<PathBuf>,
+}
+
+impl ValueArgs {
+    fn read(self) -> Result<Vec<u8>, String> {
+        match (self.value, self.file) {
+            (Some(value), _) => Ok(value.into_vec()),
+            (None, Some(path)) if path.as_os_str() == "-" => {
+                let mut buffer = Vec::new();
+                std::io::stdin().read_to_end(&mut buffer).map_err(|e| format!("reading standard input: {e}"))?;
+                Ok(buffer)
+            }
+            (None, Some(path)) => std::fs::read(&path).map_err(|e| format!("reading {}: {e}", path.display())),
+            (None, None) => Err("give a value or --file".into()),
         }
-        (None, Some(path)) => std::fs::read(&path).map_err(|e| format!("reading {}: {e}", path.display())),
-        (None, None) => Err("give a value or --file".into()),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
     }
 }
 
