@@ -21,6 +21,7 @@ fn config(id: u64, port: u16, members: &str, dir: &std::path::Path) -> NodeConfi
         advertise: format!("http://127.0.0.1:{port}"),
         data_dir: dir.join(format!("node-{id}")),
         initial_members: parse_members(members).unwrap(),
+        peer_routes: Default::default(),
         heartbeat: Duration::from_millis(50),
         election_min: Duration::from_millis(150),
         election_max: Duration::from_millis(300),

@@ -33,6 +33,10 @@ pub struct Args {
     /// directory is empty and this node's id is in the list; ignored once the node has a log.
     #[arg(long, env = "STATESTORE_INITIAL_MEMBERS")]
     pub initial_members: Option<String>,
+    /// Reach some peers at another URL than the one they advertise, e.g. through a proxy or a
+    /// NAT: `2=http://10.1.0.2:7400,3=...`. Peers not listed are reached at their advertised URL.
+    #[arg(long, env = "STATESTORE_PEER_ROUTES")]
+    pub peer_routes: Option<String>,
     /// Leader heartbeat interval in milliseconds. Default 50.
     #[arg(long, env = "STATESTORE_HEARTBEAT_MS")]
     pub heartbeat_ms: Option<u64>,
@@ -104,6 +108,7 @@ struct FileConfig {
     advertise: Option<String>,
     data_dir: Option<PathBuf>,
     initial_members: Option<String>,
+    peer_routes: Option<String>,
     heartbeat_ms: Option<u64>,
     election_min_ms: Option<u64>,
     election_max_ms: Option<u64>,
@@ -133,6 +138,8 @@ pub struct NodeConfig {
     pub advertise: String,
     pub data_dir: PathBuf,
     pub initial_members: BTreeMap<NodeId, String>,
+    /// Where to reach peers whose advertised URL this node cannot use.
+    pub peer_routes: BTreeMap<NodeId, String>,
     pub heartbeat: Duration,
     pub election_min: Duration,
     pub election_max: Duration,
@@ -176,6 +183,8 @@ pub enum ConfigError {
     ZeroId,
     #[error("--initial-members: {0}")]
     InitialMembers(String),
+    #[error("--peer-routes: {0}")]
+    PeerRoutes(String),
     #[error("--advertise must be an http:// URL, not {0:?}")]
     Advertise(String),
     #[error("timings: {0}")]
@@ -204,6 +213,13 @@ impl NodeConfig {
             Some(list) => parse_members(&list)?,
             None => BTreeMap::new(),
         };
+        let peer_routes = match args.peer_routes.or(file.peer_routes) {
+            Some(list) => parse_members(&list).map_err(|e| match e {
+                ConfigError::InitialMembers(detail) => ConfigError::PeerRoutes(detail),
+                other => other,
+            })?,
+            None => BTreeMap::new(),
+        };
         if let Some(address) = initial_members.get(&id) {
             if address.trim_end_matches('/') != advertise.trim_end_matches('/') {
                 return Err(ConfigError::InitialMembers(format!(
@@ -217,6 +233,7 @@ impl NodeConfig {
             advertise: advertise.trim_end_matches('/').to_string(),
             data_dir: args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from(format!("data/node-{id}"))),
             initial_members,
+            peer_routes,
             heartbeat: Duration::from_millis(args.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(50)),
             election_min: Duration::from_millis(args.election_min_ms.or(file.election_min_ms).unwrap_or(150)),
             election_max: Duration::from_millis(args.election_max_ms.or(file.election_max_ms).unwrap_or(300)),

@@ -5,6 +5,8 @@
 //! - [`node`]: [`Node`] — starting Raft, bootstrapping a new cluster once, and the entry point for
 //!   commands ([`Node::execute`], [`Node::propose`], [`Node::read`]) with its typed
 //!   [`ExecuteError::ForwardToLeader`].
+//! - [`pipeline`]: the one request path: batches writes into log entries, answers in order,
+//!   shares leadership confirmations between reads.
 //! - [`http`]: the axum server — Raft RPC, the cluster API, health, readiness, metrics, commands.
 //! - [`metrics`]: the Prometheus registry and Raft gauges.
 //! - [`mqtt`]: the MQTT5 front end — the state store protocol through a broker, the follower
@@ -16,7 +18,9 @@ pub mod http;
 pub mod metrics;
 pub mod mqtt;
 pub mod node;
+pub mod pipeline;
 pub mod server;
 
 pub use config::{Args, NodeConfig};
-pub use node::{Committed, ExecuteError, Node, ReadConsistency};
+pub use node::{ExecuteError, Node, ReadConsistency};
+pub use pipeline::Pipeline;

@@ -28,6 +28,8 @@ pub struct Metrics {
     learners: IntGauge,
     proposals: IntCounterVec,
     proposal_seconds: Histogram,
+    batch_entries: Histogram,
+    batch_bytes: Histogram,
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
@@ -55,6 +57,16 @@ impl Metrics {
             .buckets(exponential_buckets(0.0001, 2.0, 18)?),
         )?;
         registry.register(Box::new(proposal_seconds.clone()))?;
+        let batch_entries = Histogram::with_opts(
+            HistogramOpts::new("statestore_proposal_batch_entries", "Entries in one proposed log entry")
+                .buckets(exponential_buckets(1.0, 2.0, 12)?),
+        )?;
+        registry.register(Box::new(batch_entries.clone()))?;
+        let batch_bytes = Histogram::with_opts(
+            HistogramOpts::new("statestore_proposal_batch_bytes", "Approximate bytes in one proposed log entry")
+                .buckets(exponential_buckets(256.0, 4.0, 10)?),
+        )?;
+        registry.register(Box::new(batch_bytes.clone()))?;
         Ok(Metrics {
             term: gauge(&registry, "statestore_raft_term", "The current Raft term")?,
             is_leader: gauge(&registry, "statestore_raft_is_leader", "1 if this node is the leader")?,
@@ -73,6 +85,8 @@ impl Metrics {
             learners: gauge(&registry, "statestore_raft_learners", "Learners in the membership this node knows")?,
             proposals,
             proposal_seconds,
+            batch_entries,
+            batch_bytes,
             registry,
         })
     }
@@ -121,6 +135,11 @@ impl Metrics {
         if outcome.is_ok() {
             self.proposal_seconds.observe(took.as_secs_f64());
         }
+    }
+
+    pub fn observe_batch(&self, entries: usize, bytes: usize) {
+        self.batch_entries.observe(entries as f64);
+        self.batch_bytes.observe(bytes as f64);
     }
 
     /// The Prometheus text exposition of every metric.

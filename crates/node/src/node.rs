@@ -1,11 +1,11 @@
 //! A running node: its Raft instance, its storage, and the entry point the front ends use to
-//! execute commands — [`Node::execute`] proposes writes and answers reads linearizably.
+//! execute commands — [`Node::execute`] hands requests to the node's [`Pipeline`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError};
+use openraft::error::{ForwardToLeader, InitializeError, RaftError};
 use openraft::{BasicNode, SnapshotPolicy};
 use statestore_protocol::Request;
 use statestore_raft::{NetworkFactory, Node as RaftNode, NodeId, Raft, StateReader, StorageMetrics};
@@ -13,10 +13,7 @@ use statestore_statemachine::{Applied, ClientRequest, Config as MachineConfig, E
 
 use crate::config::NodeConfig;
 use crate::metrics::Metrics;
-
-/// How long a proposal or a leadership check may take before the caller is told the cluster is
-/// unavailable. A write that timed out may still commit: its outcome is unknown.
-pub const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::pipeline::{Outcome, Pipeline, Work};
 
 /// Why a command was not executed here.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -38,13 +35,6 @@ pub(crate) fn forward(to: &ForwardToLeader<NodeId, RaftNode>) -> ExecuteError {
         leader_id: to.leader_id,
         leader_address: to.leader_node.as_ref().map(|n| n.addr.clone()),
     }
-}
-
-/// What a committed proposal produced.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Committed {
-    pub log_index: u64,
-    pub applied: Applied,
 }
 
 /// How a read is served.
@@ -80,6 +70,8 @@ pub struct Node {
     pub raft: Raft,
     pub reader: StateReader,
     pub metrics: Metrics,
+    /// The request path every front end and leader duty submits to.
+    pub pipeline: Pipeline,
     /// Whether the MQTT front end is connected to its broker, once it is started.
     pub broker_connected: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>>,
 }
@@ -102,31 +94,37 @@ impl Node {
             ..Default::default()
         };
         let raft_config = Arc::new(raft_config.validate()?);
-        let network = NetworkFactory::new(config.heartbeat)?;
+        let network = NetworkFactory::new(config.heartbeat, config.peer_routes.clone())?;
         let raft = Raft::new(config.id, raft_config, network, storage.log, storage.state).await?;
+        let pipeline = Pipeline::start(raft.clone(), storage.reader.clone(), metrics.clone());
         let node = Arc::new(Node {
             id: config.id,
             advertise: config.advertise.clone(),
             raft,
             reader: storage.reader,
             metrics,
+            pipeline,
             broker_connected: std::sync::OnceLock::new(),
         });
         node.metrics.watch(node.clone());
-        node.bootstrap(&config.initial_members).await?;
+        node.bootstrap(&config.initial_members, &config.peer_routes).await?;
         Ok(node)
     }
 
     /// Initializes a new cluster when this node is one of its initial members and has never
     /// joined one. Every initial member does this with the same membership, so whichever starts
     /// first, they all begin with the same first log entry; a node with a log never does.
-    async fn bootstrap(&self, initial_members: &BTreeMap<NodeId, String>) -> anyhow::Result<()> {
+    async fn bootstrap(
+        &self,
+        initial_members: &BTreeMap<NodeId, String>,
+        peer_routes: &BTreeMap<NodeId, String>,
+    ) -> anyhow::Result<()> {
         if !initial_members.contains_key(&self.id) || self.raft.is_initialized().await? {
             return Ok(());
         }
         // Initializing makes this node stand for election at once. If the others formed the
         // cluster already, that would unseat their leader; wait for it to reach us instead.
-        if let Some(peer) = self.formed_elsewhere(initial_members).await {
+        if let Some(peer) = self.formed_elsewhere(initial_members, peer_routes).await {
             tracing::info!(peer, "the cluster exists already; waiting for its leader");
             return Ok(());
         }
@@ -143,9 +141,14 @@ impl Node {
     }
 
     /// An initial member that already belongs to an initialized cluster, if any answers.
-    async fn formed_elsewhere(&self, initial_members: &BTreeMap<NodeId, String>) -> Option<NodeId> {
+    async fn formed_elsewhere(
+        &self,
+        initial_members: &BTreeMap<NodeId, String>,
+        peer_routes: &BTreeMap<NodeId, String>,
+    ) -> Option<NodeId> {
         let client = reqwest::Client::builder().timeout(Duration::from_millis(300)).build().ok()?;
-        for (id, address) in initial_members.iter().filter(|(id, _)| **id != self.id) {
+        for (id, advertised) in initial_members.iter().filter(|(id, _)| **id != self.id) {
+            let address = peer_routes.get(id).unwrap_or(advertised);
             let Ok(response) = client.get(format!("{address}/cluster")).send().await else { continue };
             let Ok(status) = response.json::<serde_json::Value>().await else { continue };
             if status["voters"].as_array().is_some_and(|voters| !voters.is_empty()) {
@@ -155,8 +158,8 @@ impl Node {
         None
     }
 
-    /// Executes a client request: GET and SCAN are read linearizably, everything else is
-    /// proposed and answered once applied.
+    /// Executes a client request through the pipeline: GET and SCAN are read linearizably,
+    /// everything else is proposed and answered once applied.
     pub async fn execute(&self, request: ClientRequest) -> Result<Reply, ExecuteError> {
         if request.request.command.is_read() {
             return self.read(&request.request, ReadConsistency::Linearizable).await;
@@ -167,32 +170,25 @@ impl Node {
             return Ok(Reply::error(error));
         }
         let wall_clock_ms = proposal_clock(&request.request, now);
-        let committed = self.propose(Entry { operation: Operation::Request(request), wall_clock_ms }).await?;
-        Ok(committed.applied.reply)
+        let applied = self.propose(Entry { operation: Operation::Request(request), wall_clock_ms }).await?;
+        Ok(applied.reply)
     }
 
-    /// Proposes one entry and waits until it is applied here.
-    pub async fn propose(&self, entry: Entry) -> Result<Committed, ExecuteError> {
-        let started = std::time::Instant::now();
-        let result = tokio::time::timeout(PROPOSAL_TIMEOUT, self.raft.client_write(entry)).await;
-        let outcome = match result {
-            Err(_) => Err(ExecuteError::Unavailable("the write did not commit in time; it may still commit".into())),
-            Ok(Ok(response)) => match response.data.applied {
-                Some(applied) => Ok(Committed { log_index: response.log_id.index, applied }),
-                None => Err(ExecuteError::Storage("a normal entry was applied without a result".into())),
-            },
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to)))) => Err(forward(&to)),
-            Ok(Err(RaftError::APIError(e))) => Err(ExecuteError::Unavailable(e.to_string())),
-            Ok(Err(RaftError::Fatal(fatal))) => Err(ExecuteError::Unavailable(fatal.to_string())),
-        };
-        self.metrics.observe_proposal(&outcome, started.elapsed());
-        outcome
+    /// Proposes one entry (batched with whatever else is waiting) and waits until it is applied.
+    pub async fn propose(&self, entry: Entry) -> Result<Applied, ExecuteError> {
+        match self.pipeline.execute(Work::Write(entry)).await? {
+            Outcome::Written(applied) => Ok(applied),
+            Outcome::Read(_) => Err(ExecuteError::Storage("a write was answered as a read".into())),
+        }
     }
 
-    /// Answers a GET or SCAN.
+    /// Answers a GET or SCAN: linearizably through the pipeline, or from the local state.
     pub async fn read(&self, request: &Request, consistency: ReadConsistency) -> Result<Reply, ExecuteError> {
         if consistency == ReadConsistency::Linearizable {
-            self.ensure_linearizable().await?;
+            return match self.pipeline.execute(Work::Read(request.clone())).await? {
+                Outcome::Read(reply) => Ok(reply),
+                Outcome::Written(_) => Err(ExecuteError::Storage("a read was answered as a write".into())),
+            };
         }
         match self.reader.read(request, now_ms()) {
             Ok(Some(reply)) => Ok(reply),
@@ -204,13 +200,7 @@ impl Node {
     /// Returns once this node has confirmed with a quorum that it is the leader and has applied
     /// everything committed before the call.
     pub async fn ensure_linearizable(&self) -> Result<(), ExecuteError> {
-        match tokio::time::timeout(PROPOSAL_TIMEOUT, self.raft.ensure_linearizable()).await {
-            Err(_) => Err(ExecuteError::Unavailable("leadership was not confirmed in time".into())),
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(to)))) => Err(forward(&to)),
-            Ok(Err(RaftError::APIError(e))) => Err(ExecuteError::Unavailable(e.to_string())),
-            Ok(Err(RaftError::Fatal(fatal))) => Err(ExecuteError::Unavailable(fatal.to_string())),
-        }
+        crate::pipeline::ensure_linearizable(&self.raft).await
     }
 
     /// Stops Raft: no more votes, appends or applies.

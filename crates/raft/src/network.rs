@@ -2,17 +2,27 @@
 //! `/raft/append`, `/raft/vote` or `/raft/snapshot`, answered with a bincode
 //! `Result<response, RaftError>`.
 //!
-//! A peer that refuses the connection or does not answer within the RPC's deadline is
-//! `Unreachable`, so openraft backs off instead of retrying at once.
+//! A peer that refuses the connection is `Unreachable`, so openraft backs off instead of
+//! retrying at once. A peer that does not answer within the RPC's deadline is a `Timeout`: it
+//! is tried again at once, with less.
+//!
+//! openraft 0.9 gives an append the heartbeat interval as its deadline, however many entries it
+//! carries. So one append request carries at most [`PeerClient`]'s current byte budget (and
+//! at least one entry) and reports `PartialSuccess` for what it carried; openraft sends the rest
+//! at once. The budget halves after a timeout (down to [`MIN_APPEND_BYTES`]) and doubles back
+//! after each success (up to [`MAX_APPEND_BYTES`]), so a slow follower catches up in smaller
+//! steps instead of missing the deadline with the same large request again and again.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
-use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Timeout, Unreachable};
+use openraft::network::{Backoff, RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
     VoteResponse,
 };
+use openraft::EntryPayload;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -23,24 +33,32 @@ pub const APPEND_PATH: &str = "/raft/append";
 pub const VOTE_PATH: &str = "/raft/vote";
 pub const SNAPSHOT_PATH: &str = "/raft/snapshot";
 
+/// The most entry bytes one append request carries (a single larger entry goes alone).
+pub const MAX_APPEND_BYTES: usize = 1 << 20;
+/// The least budget an append shrinks to after timeouts.
+pub const MIN_APPEND_BYTES: usize = 16 << 10;
+
 /// Creates one [`PeerClient`] per target; they share one HTTP connection pool.
 #[derive(Clone)]
 pub struct NetworkFactory {
     client: reqwest::Client,
     retry_after: Duration,
+    /// Peers reached at another URL than the one they advertise (a proxy, a NAT).
+    routes: BTreeMap<NodeId, String>,
 }
 
 impl NetworkFactory {
     /// `retry_after` is how long to wait before trying an unreachable peer again. Keep it near the
     /// heartbeat interval: a node that has just started hears the leader before its election
     /// timeout passes, instead of starting an election that unseats a healthy leader.
-    pub fn new(retry_after: Duration) -> reqwest::Result<NetworkFactory> {
+    /// `routes` overrides the advertised URL of some peers.
+    pub fn new(retry_after: Duration, routes: BTreeMap<NodeId, String>) -> reqwest::Result<NetworkFactory> {
         let client = reqwest::Client::builder()
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_millis(500))
             .pool_idle_timeout(Duration::from_secs(30))
             .build()?;
-        Ok(NetworkFactory { client, retry_after })
+        Ok(NetworkFactory { client, retry_after, routes })
     }
 }
 
@@ -51,8 +69,9 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
         PeerClient {
             client: self.client.clone(),
             target,
-            addr: node.addr.trim_end_matches('/').to_string(),
+            addr: self.routes.get(&target).unwrap_or(&node.addr).trim_end_matches('/').to_string(),
             retry_after: self.retry_after,
+            append_budget: MAX_APPEND_BYTES,
         }
     }
 }
@@ -63,6 +82,8 @@ pub struct PeerClient {
     target: NodeId,
     addr: String,
     retry_after: Duration,
+    /// How many entry bytes the next append request may carry.
+    append_budget: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,12 +91,23 @@ pub struct PeerClient {
 struct RpcFailure(String);
 
 impl PeerClient {
+    /// A [`RPCError::Timeout`] of an RPC to this peer.
+    fn timeout<E: std::error::Error>(
+        &self,
+        action: RPCTypes,
+        from: NodeId,
+        option: &RPCOption,
+    ) -> RPCError<NodeId, Node, RaftError<NodeId, E>> {
+        RPCError::Timeout(Timeout { action, id: from, target: self.target, timeout: option.hard_ttl() })
+    }
+
+    /// Sends one RPC; `Ok(None)` when the peer did not answer within the deadline.
     async fn call<Req, Resp, E>(
         &self,
         path: &str,
         request: &Req,
         option: &RPCOption,
-    ) -> Result<Resp, RPCError<NodeId, Node, RaftError<NodeId, E>>>
+    ) -> Result<Option<Resp>, RPCError<NodeId, Node, RaftError<NodeId, E>>>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
@@ -93,13 +125,14 @@ impl PeerClient {
             .await;
         let response = match sent {
             Ok(response) => response,
-            Err(e) if e.is_connect() || e.is_timeout() => return Err(RPCError::Unreachable(Unreachable::new(&e))),
+            Err(e) if e.is_timeout() => return Ok(None),
+            Err(e) if e.is_connect() => return Err(RPCError::Unreachable(Unreachable::new(&e))),
             Err(e) => return Err(network(e.to_string())),
         };
         let status = response.status();
         let bytes = match response.bytes().await {
             Ok(bytes) => bytes,
-            Err(e) if e.is_timeout() => return Err(RPCError::Unreachable(Unreachable::new(&e))),
+            Err(e) if e.is_timeout() => return Ok(None),
             Err(e) => return Err(network(e.to_string())),
         };
         if !status.is_success() {
@@ -107,8 +140,32 @@ impl PeerClient {
         }
         let result: Result<Resp, RaftError<NodeId, E>> =
             decode(&bytes).map_err(|e| network(format!("decoding the answer of {path}: {e}")))?;
-        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        result.map(Some).map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
+}
+
+/// Roughly how many bytes an entry takes on the wire.
+fn entry_bytes(entry: &crate::types::LogEntry) -> usize {
+    const FIXED: usize = 48;
+    FIXED
+        + match &entry.payload {
+            EntryPayload::Blank => 0,
+            EntryPayload::Normal(proposal) => proposal.entries.iter().map(|e| e.approx_bytes()).sum(),
+            EntryPayload::Membership(membership) => 64 * membership.nodes().count(),
+        }
+}
+
+/// How many leading entries fit in `budget` bytes; at least one.
+fn entries_within(entries: &[crate::types::LogEntry], budget: usize) -> usize {
+    let mut bytes = 0;
+    let fitting = entries
+        .iter()
+        .take_while(|entry| {
+            bytes += entry_bytes(entry);
+            bytes <= budget
+        })
+        .count();
+    fitting.max(1).min(entries.len())
 }
 
 impl RaftNetwork<TypeConfig> for PeerClient {
@@ -118,10 +175,29 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        self.call(APPEND_PATH, &rpc, &option).await
+        let carried = entries_within(&rpc.entries, self.append_budget);
+        let partial = carried < rpc.entries.len();
+        if partial {
+            rpc.entries.truncate(carried);
+        }
+        let last_carried = rpc.entries.last().map(|entry| entry.log_id);
+        let from = rpc.vote.leader_id().voted_for().unwrap_or_default();
+        match self.call(APPEND_PATH, &rpc, &option).await? {
+            None => {
+                self.append_budget = (self.append_budget / 2).max(MIN_APPEND_BYTES);
+                Err(self.timeout(RPCTypes::AppendEntries, from, &option))
+            }
+            Some(response) => {
+                self.append_budget = (self.append_budget * 2).min(MAX_APPEND_BYTES);
+                Ok(match response {
+                    AppendEntriesResponse::Success if partial => AppendEntriesResponse::PartialSuccess(last_carried),
+                    other => other,
+                })
+            }
+        }
     }
 
     async fn install_snapshot(
@@ -129,7 +205,11 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId, InstallSnapshotError>>> {
-        self.call(SNAPSHOT_PATH, &rpc, &option).await
+        let from = rpc.vote.leader_id().voted_for().unwrap_or_default();
+        match self.call(SNAPSHOT_PATH, &rpc, &option).await? {
+            Some(response) => Ok(response),
+            None => Err(self.timeout(RPCTypes::InstallSnapshot, from, &option)),
+        }
     }
 
     async fn vote(
@@ -137,6 +217,10 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        self.call(VOTE_PATH, &rpc, &option).await
+        let from = rpc.vote.leader_id().voted_for().unwrap_or_default();
+        match self.call(VOTE_PATH, &rpc, &option).await? {
+            Some(response) => Ok(response),
+            None => Err(self.timeout(RPCTypes::Vote, from, &option)),
+        }
     }
 }

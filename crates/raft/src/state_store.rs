@@ -82,13 +82,16 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         for entry in entries {
             last_applied = Some(entry.log_id);
             let applied = match entry.payload {
-                EntryPayload::Blank => None,
-                EntryPayload::Normal(operation) => {
-                    Some(self.machine.apply(&mut overlay, &operation).map_err(write_error)?)
-                }
+                EntryPayload::Blank => Vec::new(),
+                EntryPayload::Normal(proposal) => proposal
+                    .entries
+                    .iter()
+                    .map(|entry| self.machine.apply(&mut overlay, entry))
+                    .collect::<Result<_, _>>()
+                    .map_err(write_error)?,
                 EntryPayload::Membership(config) => {
                     membership = Some(StoredMembership::new(Some(entry.log_id), config));
-                    None
+                    Vec::new()
                 }
             };
             results.push(ApplyResult { applied });

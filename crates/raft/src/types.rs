@@ -12,10 +12,10 @@ pub type NodeId = u64;
 pub type Node = openraft::BasicNode;
 
 openraft::declare_raft_types!(
-    /// The Raft types of the state store: log entries carry [`statestore_statemachine::Entry`],
+    /// The Raft types of the state store: log entries carry a [`statestore_statemachine::Proposal`],
     /// and applying one yields an [`ApplyResult`].
     pub TypeConfig:
-        D = statestore_statemachine::Entry,
+        D = statestore_statemachine::Proposal,
         R = ApplyResult,
         NodeId = NodeId,
         Node = Node,
@@ -24,10 +24,11 @@ openraft::declare_raft_types!(
         AsyncRuntime = openraft::TokioRuntime,
 );
 
-/// What applying one log entry produced. Blank and membership entries produce nothing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What applying one log entry produced: one [`Applied`] per entry of its proposal, in order.
+/// Blank and membership entries produce none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApplyResult {
-    pub applied: Option<Applied>,
+    pub applied: Vec<Applied>,
 }
 
 pub type Raft = openraft::Raft<TypeConfig>;

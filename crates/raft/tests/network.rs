@@ -1,5 +1,6 @@
 //! The HTTP Raft client against peers that are down, silent, or broken: openraft must see
-//! `Unreachable` (and back off) for the first two, a network error for the last.
+//! `Unreachable` (and back off) for the first, `Timeout` (try again at once) for the second, a
+//! network error for the last.
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -12,7 +13,7 @@ use openraft::{BasicNode, Vote};
 use statestore_raft::NetworkFactory;
 
 async fn vote_to(addr: String, ttl: Duration) -> RPCError<u64, BasicNode, openraft::error::RaftError<u64>> {
-    let mut factory = NetworkFactory::new(Duration::from_millis(50)).unwrap();
+    let mut factory = NetworkFactory::new(Duration::from_millis(50), Default::default()).unwrap();
     let mut client = factory.new_client(2, &BasicNode { addr }).await;
     let request = VoteRequest { vote: Vote::new(1, 1), last_log_id: None };
     client.vote(request, RPCOption::new(ttl)).await.expect_err("no peer answers")
@@ -26,7 +27,7 @@ async fn a_peer_that_refuses_connections_is_unreachable() {
 }
 
 #[tokio::test]
-async fn a_peer_that_never_answers_is_unreachable_after_the_rpc_deadline() {
+async fn a_peer_that_never_answers_times_out_at_the_rpc_deadline() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = format!("http://{}", listener.local_addr().unwrap());
     // Accept and read, never answer: like a paused process.
@@ -38,7 +39,7 @@ async fn a_peer_that_never_answers_is_unreachable_after_the_rpc_deadline() {
     });
     let started = Instant::now();
     let error = vote_to(addr, Duration::from_millis(200)).await;
-    assert!(matches!(error, RPCError::Unreachable(_)), "{error:?}");
+    assert!(matches!(error, RPCError::Timeout(_)), "{error:?}");
     assert!(started.elapsed() < Duration::from_secs(2), "the deadline was not applied");
     silent.join().unwrap();
 }

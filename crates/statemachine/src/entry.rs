@@ -4,14 +4,40 @@ use serde::{Deserialize, Serialize};
 use statestore_protocol::topic::notification_topic;
 use statestore_protocol::{Hlc, Notification, Request, Response, StoreError};
 
-/// One log entry. Everything apply needs is in here or in the stored state, so every replica
-/// computes the same result.
+/// What one Raft log entry carries: the entries the leader proposed together, applied in order
+/// in one batch. Batching many requests into one log entry lets one leader fsync, one append
+/// request and one apply serve them all.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proposal {
+    pub entries: Vec<Entry>,
+}
+
+/// One operation with its proposer's clock. Everything apply needs is in here or in the stored
+/// state, so every replica computes the same result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     pub operation: Operation,
     /// The proposer's wall clock (ms since the epoch) when it proposed the entry. Apply judges
     /// time by `max(this, the latest time already applied)`, so state-machine time never goes back.
     pub wall_clock_ms: u64,
+}
+
+impl Entry {
+    /// Roughly how many bytes the entry takes in the log: what batches are bounded by.
+    pub fn approx_bytes(&self) -> usize {
+        const FIXED: usize = 64;
+        FIXED
+            + match &self.operation {
+                Operation::Request(request) => {
+                    request.request.command.data_len()
+                        + request.client_id.as_ref().map_or(0, String::len)
+                        + request.identity.as_ref().map_or(0, |i| i.response_topic.len() + i.correlation_data.len())
+                }
+                Operation::Expire { key, .. } => key.len(),
+                Operation::DropRegistrations { client_id } => client_id.len(),
+                Operation::ConfirmNotifications { .. } => 0,
+            }
+    }
 }
 
 /// What an entry asks the state machine to do.

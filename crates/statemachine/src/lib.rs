@@ -4,7 +4,7 @@
 //! every replica that applies the same log reaches the same state and the same replies.
 //!
 //! # Layout
-//! - [`entry`]: what goes into the log ([`Entry`], [`Operation`]) and what applying yields
+//! - [`entry`]: what goes into the log ([`Proposal`] of [`Entry`], [`Operation`]) and what applying yields
 //!   ([`Applied`], [`Reply`], [`KeyNotification`]).
 //! - [`machine`]: [`StateMachine`], the semantics of every command, and the read path.
 //! - [`storage`]: the storage trait ([`StorageRead`], [`Txn`], [`Storage`]), the read-your-writes
@@ -26,7 +26,9 @@ pub mod scan;
 pub mod storage;
 pub mod watch;
 
-pub use entry::{Applied, ClientRequest, Entry, KeyNotification, Operation, OutboxEntry, Reply, RequestIdentity};
+pub use entry::{
+    Applied, ClientRequest, Entry, KeyNotification, Operation, OutboxEntry, Proposal, Reply, RequestIdentity,
+};
 pub use keyspace::{DueKey, KeyRecord};
 pub use machine::{Config, StateMachine};
 pub use meta::VERSION_NODE_ID;

@@ -2,11 +2,12 @@
 //!
 //! Every node subscribes to the request topic with a plain subscription and receives every
 //! request in each client's publish order. One dispatcher task per node takes them in that
-//! order: the leader proposes writes straight into Raft (pipelined, so the log keeps arrival
-//! order), a follower keeps them in its [`shadow`] until it sees them applied. A responder task
-//! takes the proposals' results in log order, publishes the notifications they caused, then the
-//! response, then acknowledges the request: the broker forgets a request only once its outcome
-//! is durable. Reads wait in the same queue behind earlier writes, then confirm leadership.
+//! order: the leader submits them to the node's [`Pipeline`](crate::pipeline::Pipeline) (which
+//! batches writes into log entries and answers in submission order), a follower keeps them in
+//! its [`shadow`] until it sees them applied. Each answer publishes the response, then
+//! acknowledges the request: the broker forgets a request only once its outcome is durable. The
+//! pipeline publishes a batch's notifications (through this front end's [`notifier`]) before
+//! any of its answers.
 //!
 //! # Layout
 //! - [`connection`]: the rumqttc event loop, reconnects, PUBACK reasons.
@@ -27,16 +28,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use openraft::error::ClientWriteError;
 use openraft::ServerState;
 use rumqttc::v5::mqttbytes::v5::Publish;
 use statestore_protocol::Response;
-use statestore_raft::{Node as RaftNode, NodeId, TypeConfig};
 use statestore_statemachine::{Applied, Entry, Operation, Reply};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::config::BrokerConfig;
-use crate::node::{now_ms, proposal_clock, ExecuteError, Node, ReadConsistency};
+use crate::node::{now_ms, proposal_clock, ExecuteError, Node};
+use crate::pipeline::{Outcome, Work};
 use connection::Connection;
 use envelope::{Body, DropReason, Inbound};
 use metrics::FrontEndMetrics;
@@ -56,10 +56,6 @@ const CONFIRM_EVERY: Duration = Duration::from_millis(100);
 /// bounce meanwhile.
 const DROP_DEBOUNCE: Duration = Duration::from_secs(5);
 
-/// What openraft answers a proposal with, once it is applied.
-type WriteResult =
-    oneshot::Receiver<Result<openraft::raft::ClientWriteResponse<TypeConfig>, ClientWriteError<NodeId, RaftNode>>>;
-
 /// What the dispatcher handles, in order.
 enum Dispatch {
     Request(Box<Publish>),
@@ -78,12 +74,6 @@ enum Completion {
     Confirm,
 }
 
-/// The responder's queue, in log order.
-enum Pending {
-    Proposal { result: WriteResult, completion: Completion },
-    Read(Box<Shadowed>),
-}
-
 pub struct FrontEnd {
     node: Arc<Node>,
     pub connection: Connection,
@@ -92,8 +82,8 @@ pub struct FrontEnd {
     shadow: Mutex<Shadow>,
     leading: AtomicBool,
     dispatch: mpsc::UnboundedSender<Dispatch>,
-    /// Taken around proposing and queueing, so the responder's queue is in log order.
-    proposer: tokio::sync::Mutex<mpsc::UnboundedSender<Pending>>,
+    /// Requests to acknowledge to the broker, in order.
+    acks: mpsc::UnboundedSender<Publish>,
     /// Keys with an `Expire` in flight.
     expiring: Mutex<HashSet<Vec<u8>>>,
 }
@@ -111,7 +101,7 @@ impl FrontEnd {
         let connection = connection::start(config, sink, metrics.clone())?;
         let (gone_tx, gone_rx) = mpsc::unbounded_channel();
         let notifier = Notifier::new(node.reader.clone(), connection.clone(), metrics.clone(), gone_tx);
-        let (pending_tx, pending_rx) = mpsc::unbounded_channel();
+        let (acks_tx, acks_rx) = mpsc::unbounded_channel();
         let front = Arc::new(FrontEnd {
             node: node.clone(),
             connection: connection.clone(),
@@ -120,12 +110,18 @@ impl FrontEnd {
             shadow: Mutex::new(Shadow::new(SHADOW_CAPACITY, SHADOW_RETENTION)),
             leading: AtomicBool::new(false),
             dispatch: dispatch_tx,
-            proposer: tokio::sync::Mutex::new(pending_tx),
+            acks: acks_tx,
             expiring: Mutex::new(HashSet::new()),
         });
         let _ = node.broker_connected.set(connection.connected.clone());
         tokio::spawn(front.clone().dispatcher(dispatch_rx));
-        tokio::spawn(front.clone().responder(pending_rx));
+        tokio::spawn(acknowledge(connection.clone(), acks_rx));
+        let weak = Arc::downgrade(&front);
+        node.pipeline.on_notifications(Box::new(move || {
+            if let Some(front) = weak.upgrade() {
+                front.notifier.publish_pending();
+            }
+        }));
         tokio::spawn(front.clone().leadership());
         tokio::spawn(front.clone().settle_shadow());
         tokio::spawn(front.clone().sweeper());
@@ -147,14 +143,12 @@ impl FrontEnd {
                     match Inbound::classify(&publish, received) {
                         Err(reason) => {
                             self.drop_request(reason);
-                            self.connection.ack(&publish).await;
+                            let _ = self.acks.send(*publish);
                         }
-                        Ok(inbound) => {
-                            self.place(Shadowed { inbound, publish: *publish, received, acked: false }).await
-                        }
+                        Ok(inbound) => self.place(Shadowed { inbound, publish: *publish, received, acked: false }),
                     }
                 }
-                Dispatch::Retry(request) => self.place(*request).await,
+                Dispatch::Retry(request) => self.place(*request),
                 Dispatch::Gained => {
                     self.leading.store(true, Ordering::Release);
                     let shadowed = self.shadow.lock().unwrap().drain();
@@ -164,7 +158,7 @@ impl FrontEnd {
                     }
                     for request in shadowed {
                         self.metrics.shadow_takeovers.inc();
-                        self.lead(request).await;
+                        self.lead(request);
                     }
                 }
                 Dispatch::Lost => self.leading.store(false, Ordering::Release),
@@ -172,11 +166,11 @@ impl FrontEnd {
         }
     }
 
-    async fn place(&self, request: Shadowed) {
+    fn place(self: &Arc<Self>, request: Shadowed) {
         if self.is_leading() {
-            self.lead(request).await;
+            self.lead(request);
         } else {
-            self.follow(request).await;
+            self.follow(request);
         }
     }
 
@@ -186,18 +180,18 @@ impl FrontEnd {
     }
 
     /// A follower keeps commands until they are applied; the leader answers everything else.
-    async fn follow(&self, mut request: Shadowed) {
+    fn follow(&self, mut request: Shadowed) {
         let is_read = match &request.inbound.body {
             Body::Command(command_request) => command_request.command.is_read(),
             _ => {
-                self.ack(&request).await;
+                self.ack(&request);
                 return;
             }
         };
         if is_read {
             // Nothing to make durable: a read is acknowledged at once and kept only to be
             // answered should the leader die first.
-            self.ack(&request).await;
+            self.ack(&request);
             request.acked = true;
         }
         let identity = request.inbound.identity();
@@ -211,39 +205,40 @@ impl FrontEnd {
             if old.inbound.identity() != identity {
                 self.metrics.dropped.with_label_values(&[DropReason::ShadowFull.label()]).inc();
             }
-            self.ack(&old).await;
+            self.ack(&old);
         }
     }
 
-    /// Acknowledges a request to the broker, once.
-    async fn ack(&self, request: &Shadowed) {
+    /// Acknowledges a request to the broker, once, after everything acknowledged before it.
+    fn ack(&self, request: &Shadowed) {
         if !request.acked {
-            self.connection.ack(&request.publish).await;
+            let _ = self.acks.send(request.publish.clone());
         }
     }
 
-    async fn lead(&self, request: Shadowed) {
+    fn lead(self: &Arc<Self>, request: Shadowed) {
         if request.inbound.expired(Instant::now()) {
             self.drop_request(DropReason::Expired);
-            self.ack(&request).await;
+            self.ack(&request);
             return;
         }
         let (command_request, is_read) = match &request.inbound.body {
             Body::UnsupportedVersion(_) => {
                 self.respond(&request, 505, Reply::new(Response::Nil, None), "INVALID");
-                self.ack(&request).await;
+                self.ack(&request);
                 return;
             }
             Body::Invalid(error) => {
                 self.respond(&request, 200, Reply::error(error.clone()), "INVALID");
-                self.ack(&request).await;
+                self.ack(&request);
                 return;
             }
             Body::Command(command_request) => (command_request, command_request.command.is_read()),
         };
         if is_read {
-            // Behind every write already proposed: a client's read sees its earlier writes.
-            self.queue(Pending::Read(Box::new(request))).await;
+            // The pipeline answers it after every write submitted before it is applied.
+            let work = Work::Read(command_request.clone());
+            self.submit(work, Completion::Respond(Box::new(request)));
             return;
         }
         // A broker redelivery was most likely applied already: answer it without a log entry.
@@ -253,7 +248,7 @@ impl FrontEnd {
                 Ok(Some(reply)) => {
                     self.metrics.dedup_hits.inc();
                     self.respond(&request, 200, reply, command_request.command.verb());
-                    self.ack(&request).await;
+                    self.ack(&request);
                     return;
                 }
                 Ok(None) => {}
@@ -263,63 +258,51 @@ impl FrontEnd {
         let now = now_ms();
         if let Err(error) = command_request.check_clock_skew(now) {
             self.respond(&request, 200, Reply::error(error), command_request.command.verb());
-            self.ack(&request).await;
+            self.ack(&request);
             return;
         }
         let Some(client_request) = request.inbound.client_request() else { return };
         let wall_clock_ms = proposal_clock(command_request, now);
         let entry = Entry { operation: Operation::Request(client_request), wall_clock_ms };
-        self.propose(entry, Completion::Respond(Box::new(request))).await;
+        self.submit(Work::Write(entry), Completion::Respond(Box::new(request)));
     }
 
-    async fn queue(&self, pending: Pending) {
-        let queue = self.proposer.lock().await;
-        let _ = queue.send(pending);
-    }
-
-    /// Proposes `entry`; the responder completes it in log order.
-    async fn propose(&self, entry: Entry, completion: Completion) {
-        let queue = self.proposer.lock().await;
-        match self.node.raft.client_write_ff(entry).await {
-            Ok(result) => {
-                let _ = queue.send(Pending::Proposal { result, completion });
-            }
-            Err(fatal) => {
-                drop(queue);
-                tracing::error!(error = %fatal, "raft stopped");
-                self.failed(completion);
-            }
-        }
-    }
-
-    async fn responder(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Pending>) {
-        while let Some(pending) = rx.recv().await {
-            match pending {
-                Pending::Read(request) => {
-                    tokio::spawn(self.clone().read(*request));
+    /// Hands `work` to the node's pipeline; `completion` runs with its outcome.
+    fn submit(self: &Arc<Self>, work: Work, completion: Completion) {
+        let front = self.clone();
+        self.node.pipeline.submit(
+            work,
+            Box::new(move |outcome| match outcome {
+                Ok(Outcome::Written(applied)) => front.completed(completion, applied),
+                Ok(Outcome::Read(reply)) => front.answered(completion, reply),
+                Err(ExecuteError::Storage(e)) => {
+                    tracing::error!(error = %e, "a request failed in storage");
+                    front.failed(completion);
                 }
-                Pending::Proposal { result, completion } => match result.await {
-                    Ok(Ok(written)) => match written.data.applied {
-                        Some(applied) => self.completed(completion, applied).await,
-                        None => {
-                            tracing::error!("an entry was applied without a result");
-                            self.failed(completion);
-                        }
-                    },
-                    Ok(Err(ClientWriteError::ForwardToLeader(_))) | Err(_) => self.failed(completion),
-                    Ok(Err(e)) => {
-                        tracing::warn!(error = %e, "a proposal failed");
-                        self.failed(completion);
-                    }
-                },
-            }
+                Err(ExecuteError::ForwardToLeader { .. }) | Err(ExecuteError::Unavailable(_)) => {
+                    front.failed(completion)
+                }
+            }),
+        );
+    }
+
+    /// Proposes an entry of the leader's own (expiry, confirmations, registration drops).
+    fn propose(self: &Arc<Self>, entry: Entry, completion: Completion) {
+        self.submit(Work::Write(entry), completion);
+    }
+
+    fn answered(&self, completion: Completion, reply: Reply) {
+        if let Completion::Respond(request) = completion {
+            let command = match &request.inbound.body {
+                Body::Command(r) => r.command.verb(),
+                _ => "INVALID",
+            };
+            self.respond(&request, 200, reply, command);
+            self.ack(&request);
         }
     }
 
-    async fn completed(&self, completion: Completion, applied: Applied) {
-        if !applied.notifications.is_empty() {
-            self.notifier.publish_pending();
-        }
+    fn completed(&self, completion: Completion, applied: Applied) {
         match completion {
             Completion::Respond(request) => {
                 if applied.deduplicated {
@@ -330,7 +313,7 @@ impl FrontEnd {
                     _ => "INVALID",
                 };
                 self.respond(&request, 200, applied.reply, command);
-                self.ack(&request).await;
+                self.ack(&request);
             }
             Completion::Expire { key, expires_at } => {
                 self.expiring.lock().unwrap().remove(&key);
@@ -349,8 +332,8 @@ impl FrontEnd {
         }
     }
 
-    /// A proposal that did not complete here: its request goes back to the dispatcher, which
-    /// shadows it (another node leads) or proposes it again (the dedup table makes that safe).
+    /// Work that did not complete here: its request goes back to the dispatcher, which shadows
+    /// it (another node leads) or submits it again (the dedup table makes that safe).
     fn failed(&self, completion: Completion) {
         match completion {
             Completion::Respond(request) => {
@@ -360,24 +343,6 @@ impl FrontEnd {
                 self.expiring.lock().unwrap().remove(&key);
             }
             Completion::DropRegistrations | Completion::Confirm => {}
-        }
-    }
-
-    async fn read(self: Arc<Self>, request: Shadowed) {
-        let Body::Command(command_request) = &request.inbound.body else { return };
-        match self.node.read(command_request, ReadConsistency::Linearizable).await {
-            Ok(reply) => {
-                self.respond(&request, 200, reply, command_request.command.verb());
-                self.ack(&request).await;
-            }
-            Err(ExecuteError::Storage(e)) => {
-                tracing::error!(error = %e, "a read failed");
-                self.ack(&request).await;
-            }
-            Err(ExecuteError::ForwardToLeader { .. }) | Err(ExecuteError::Unavailable(_)) => {
-                // Not (or no longer confirmed) the leader: whoever leads answers it.
-                let _ = self.dispatch.send(Dispatch::Retry(Box::new(request)));
-            }
         }
     }
 
@@ -461,11 +426,11 @@ impl FrontEnd {
                 self.metrics.shadow_size.set(shadow.len() as i64);
                 settled
             };
-            for publish in &settled.applied {
-                self.connection.ack(publish).await;
+            for publish in settled.applied {
+                let _ = self.acks.send(publish);
             }
             for request in &settled.forgotten {
-                self.ack(request).await;
+                self.ack(request);
             }
         }
     }
@@ -495,7 +460,7 @@ impl FrontEnd {
                     operation: Operation::Expire { key: key.key.clone(), version: key.version },
                     wall_clock_ms: now,
                 };
-                self.propose(entry, Completion::Expire { key: key.key, expires_at: key.expires_at }).await;
+                self.propose(entry, Completion::Expire { key: key.key, expires_at: key.expires_at });
             }
         }
     }
@@ -517,7 +482,7 @@ impl FrontEnd {
             }
             confirmed = Some(through);
             let entry = Entry { operation: Operation::ConfirmNotifications { through }, wall_clock_ms: now_ms() };
-            self.propose(entry, Completion::Confirm).await;
+            self.propose(entry, Completion::Confirm);
         }
     }
 
@@ -533,12 +498,19 @@ impl FrontEnd {
             recent.insert(client_id.clone(), now);
             tracing::info!(client_id, "no subscriber for a notification: dropping the client's registrations");
             let entry = Entry { operation: Operation::DropRegistrations { client_id }, wall_clock_ms: now_ms() };
-            self.propose(entry, Completion::DropRegistrations).await;
+            self.propose(entry, Completion::DropRegistrations);
         }
     }
 
     /// Stops: a clean DISCONNECT, so the broker keeps the session for the next start.
     pub async fn stop(&self) {
         self.connection.disconnect().await;
+    }
+}
+
+/// Acknowledges requests to the broker in the order they were handed over.
+async fn acknowledge(connection: Connection, mut acks: mpsc::UnboundedReceiver<Publish>) {
+    while let Some(publish) = acks.recv().await {
+        connection.ack(&publish).await;
     }
 }

@@ -64,6 +64,18 @@ impl Command {
         }
     }
 
+    /// Bytes of keys, values and patterns the command carries: what it costs to log and send.
+    pub fn data_len(&self) -> usize {
+        match self {
+            Command::Set(c) => c.key.len() + c.value.len(),
+            Command::Get(c) => c.key.len(),
+            Command::Del(c) => c.key.len(),
+            Command::VDel(c) => c.key.len() + c.value.len(),
+            Command::KeyNotify(c) => c.key.len(),
+            Command::Scan(c) => c.pattern.len() + c.token.as_ref().map_or(0, |t| t.len()),
+        }
+    }
+
     /// The verb, for logs and metric labels.
     pub fn verb(&self) -> &'static str {
         match self {

@@ -1,0 +1,284 @@
+//! The one request path of a node. Every front end (MQTT, `POST /v1/command`) and every leader
+//! duty (expiry, notification confirmation, registration drops) submits its work here, so a
+//! node serves the same way whatever feeds it.
+//!
+//! Writes are batched: everything submitted while earlier proposals are in flight goes into the
+//! next log entry (at most [`MAX_BATCH_ENTRIES`] entries and [`MAX_BATCH_BYTES`] bytes), so one
+//! leader fsync, one append request per follower and one apply serve the whole batch. At most
+//! [`MAX_PROPOSALS_IN_FLIGHT`] log entries are in flight at once. Answers come back in
+//! submission order: a responder awaits each proposal's apply result in log order and answers
+//! its entries in batch order, after the notification hook (notifications go out before the
+//! responses of the commands that caused them).
+//!
+//! Reads are answered after every write submitted before them is applied, so a client that
+//! pipelines a write and a read sees its write. Reads that wait at the same moment share one
+//! leadership confirmation with a quorum (`ensure_linearizable`, Raft's ReadIndex). A read may
+//! also see writes submitted after it: those were concurrent with it.
+//!
+//! Every wait is bounded by [`PROPOSAL_TIMEOUT`]: a write that is not applied in time is answered
+//! `Unavailable` (its outcome is unknown), and a leadership check that does not finish in time
+//! answers the reads waiting on it the same way.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use openraft::error::{ClientWriteError, RaftError};
+use statestore_protocol::Request;
+use statestore_raft::{Node as RaftNode, NodeId, Raft, StateReader, TypeConfig};
+use statestore_statemachine::{Applied, Entry, Proposal, Reply};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+
+use crate::metrics::Metrics;
+use crate::node::{forward, now_ms, ExecuteError};
+
+/// How long a proposal or a leadership check may take before its waiters are told the cluster
+/// is unavailable. A write that timed out may still commit: its outcome is unknown.
+pub const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most entries in one log entry's batch.
+pub const MAX_BATCH_ENTRIES: usize = 1024;
+/// Most bytes (keys, values, envelope) in one batch; a single larger entry goes alone.
+pub const MAX_BATCH_BYTES: usize = 4 << 20;
+/// Log entries proposed and not yet applied. Two lets the leader write and fsync the next batch
+/// while the previous one is replicated.
+pub const MAX_PROPOSALS_IN_FLIGHT: usize = 2;
+
+/// What a submission asks for.
+pub enum Work {
+    /// Propose this entry and answer with its apply result.
+    Write(Entry),
+    /// Answer this GET or SCAN linearizably.
+    Read(Request),
+}
+
+/// What a submission produced.
+#[derive(Debug)]
+pub enum Outcome {
+    Written(Applied),
+    Read(Reply),
+}
+
+/// Receives the outcome of one submission. Called on the pipeline's task: it must not block.
+pub type Answer = Box<dyn FnOnce(Result<Outcome, ExecuteError>) + Send>;
+
+/// Called before the answers of a batch that produced notifications are given.
+pub type NotificationHook = Box<dyn Fn() + Send + Sync>;
+
+struct Submission {
+    work: Work,
+    answer: Answer,
+    submitted: Instant,
+}
+
+/// What openraft answers a proposal with, once it is applied.
+type WriteResult =
+    oneshot::Receiver<Result<openraft::raft::ClientWriteResponse<TypeConfig>, ClientWriteError<NodeId, RaftNode>>>;
+
+/// The responder's queue, in submission order.
+enum Stage {
+    Proposal {
+        result: WriteResult,
+        answers: Vec<(Answer, Instant)>,
+        _slot: OwnedSemaphorePermit,
+    },
+    /// Writes that could not be proposed at all (Raft has stopped).
+    Failed {
+        answers: Vec<Answer>,
+        error: ExecuteError,
+    },
+    Reads(Vec<(Request, Answer)>),
+}
+
+/// The request path; cheap to clone.
+#[derive(Clone)]
+pub struct Pipeline {
+    submissions: mpsc::UnboundedSender<Submission>,
+    notification_hook: Arc<OnceLock<NotificationHook>>,
+}
+
+impl Pipeline {
+    /// Starts the pipeline's tasks on the current runtime.
+    pub fn start(raft: Raft, reader: StateReader, metrics: Metrics) -> Pipeline {
+        let (submissions, submitted) = mpsc::unbounded_channel();
+        let (stages_tx, stages_rx) = mpsc::unbounded_channel();
+        let (reads_tx, reads_rx) = mpsc::unbounded_channel();
+        let notification_hook: Arc<OnceLock<NotificationHook>> = Arc::new(OnceLock::new());
+        tokio::spawn(batcher(raft.clone(), metrics.clone(), submitted, stages_tx));
+        tokio::spawn(responder(metrics.clone(), notification_hook.clone(), stages_rx, reads_tx));
+        tokio::spawn(reader_task(raft, reader, reads_rx));
+        Pipeline { submissions, notification_hook }
+    }
+
+    /// Sets what runs before the answers of a batch that produced notifications (the MQTT front
+    /// end publishes the outbox there). Set once; later calls are ignored.
+    pub fn on_notifications(&self, hook: NotificationHook) {
+        let _ = self.notification_hook.set(hook);
+    }
+
+    /// Submits `work`; `answer` is called once with its outcome.
+    pub fn submit(&self, work: Work, answer: Answer) {
+        let submission = Submission { work, answer, submitted: Instant::now() };
+        if let Err(mpsc::error::SendError(submission)) = self.submissions.send(submission) {
+            (submission.answer)(Err(ExecuteError::Unavailable("the node is stopping".into())));
+        }
+    }
+
+    /// Submits `work` and waits for its outcome.
+    pub async fn execute(&self, work: Work) -> Result<Outcome, ExecuteError> {
+        let (tx, rx) = oneshot::channel();
+        self.submit(
+            work,
+            Box::new(move |outcome| {
+                let _ = tx.send(outcome);
+            }),
+        );
+        rx.await.unwrap_or_else(|_| Err(ExecuteError::Unavailable("the node is stopping".into())))
+    }
+}
+
+/// Takes submissions in order and turns runs of writes into batches, one log entry each.
+async fn batcher(
+    raft: Raft,
+    metrics: Metrics,
+    mut submitted: mpsc::UnboundedReceiver<Submission>,
+    stages: mpsc::UnboundedSender<Stage>,
+) {
+    let slots = Arc::new(Semaphore::new(MAX_PROPOSALS_IN_FLIGHT));
+    let mut carried: Option<Submission> = None;
+    loop {
+        let first = match carried.take() {
+            Some(first) => first,
+            None => match submitted.recv().await {
+                Some(first) => first,
+                None => return,
+            },
+        };
+        // While every slot is taken, submissions pile up in the channel: they form the batch.
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        let mut batch = Vec::new();
+        let mut answers = Vec::new();
+        let mut reads = Vec::new();
+        let mut bytes = 0;
+        let mut next = Some(first);
+        while let Some(submission) = next.take().or_else(|| submitted.try_recv().ok()) {
+            match submission.work {
+                Work::Read(request) => reads.push((request, submission.answer)),
+                Work::Write(entry) => {
+                    let size = entry.approx_bytes();
+                    if !batch.is_empty() && (batch.len() >= MAX_BATCH_ENTRIES || bytes + size > MAX_BATCH_BYTES) {
+                        carried = Some(Submission { work: Work::Write(entry), ..submission });
+                        break;
+                    }
+                    bytes += size;
+                    batch.push(entry);
+                    answers.push((submission.answer, submission.submitted));
+                }
+            }
+        }
+        if batch.is_empty() {
+            drop(slot);
+        } else {
+            metrics.observe_batch(batch.len(), bytes);
+            let stage = match raft.client_write_ff(Proposal { entries: batch }).await {
+                Ok(result) => Stage::Proposal { result, answers, _slot: slot },
+                Err(fatal) => {
+                    tracing::error!(error = %fatal, "raft stopped");
+                    let error = ExecuteError::Unavailable(fatal.to_string());
+                    Stage::Failed { answers: answers.into_iter().map(|(answer, _)| answer).collect(), error }
+                }
+            };
+            let _ = stages.send(stage);
+        }
+        if !reads.is_empty() {
+            let _ = stages.send(Stage::Reads(reads));
+        }
+    }
+}
+
+/// Answers proposals in log order; hands reads on once the writes before them are applied.
+async fn responder(
+    metrics: Metrics,
+    notification_hook: Arc<OnceLock<NotificationHook>>,
+    mut stages: mpsc::UnboundedReceiver<Stage>,
+    reads: mpsc::UnboundedSender<Vec<(Request, Answer)>>,
+) {
+    while let Some(stage) = stages.recv().await {
+        match stage {
+            Stage::Reads(batch) => {
+                let _ = reads.send(batch);
+            }
+            Stage::Failed { answers, error } => {
+                for answer in answers {
+                    metrics.observe_proposal(&Err::<(), _>(error.clone()), Duration::ZERO);
+                    answer(Err(error.clone()));
+                }
+            }
+            Stage::Proposal { result, answers, _slot } => {
+                let outcome = match tokio::time::timeout(PROPOSAL_TIMEOUT, result).await {
+                    Err(_) => {
+                        Err(ExecuteError::Unavailable("the write did not commit in time; it may still commit".into()))
+                    }
+                    Ok(Err(_)) => Err(ExecuteError::Unavailable("raft stopped before the write was applied".into())),
+                    Ok(Ok(Ok(written))) if written.data.applied.len() == answers.len() => Ok(written.data.applied),
+                    Ok(Ok(Ok(written))) => Err(ExecuteError::Storage(format!(
+                        "a batch of {} entries was applied with {} results",
+                        answers.len(),
+                        written.data.applied.len()
+                    ))),
+                    Ok(Ok(Err(ClientWriteError::ForwardToLeader(to)))) => Err(forward(&to)),
+                    Ok(Ok(Err(e))) => Err(ExecuteError::Unavailable(e.to_string())),
+                };
+                match outcome {
+                    Ok(applied) => {
+                        if applied.iter().any(|a| !a.notifications.is_empty()) {
+                            if let Some(hook) = notification_hook.get() {
+                                hook();
+                            }
+                        }
+                        for ((answer, submitted), applied) in answers.into_iter().zip(applied) {
+                            metrics.observe_proposal(&Ok::<(), ExecuteError>(()), submitted.elapsed());
+                            answer(Ok(Outcome::Written(applied)));
+                        }
+                    }
+                    Err(error) => {
+                        for (answer, _) in answers {
+                            metrics.observe_proposal(&Err::<(), _>(error.clone()), Duration::ZERO);
+                            answer(Err(error.clone()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Serves reads: all reads waiting at one moment share one leadership confirmation.
+async fn reader_task(raft: Raft, reader: StateReader, mut batches: mpsc::UnboundedReceiver<Vec<(Request, Answer)>>) {
+    while let Some(mut waiting) = batches.recv().await {
+        while let Ok(more) = batches.try_recv() {
+            waiting.extend(more);
+        }
+        let confirmed = ensure_linearizable(&raft).await;
+        let now = now_ms();
+        for (request, answer) in waiting {
+            let outcome = confirmed.clone().and_then(|()| match reader.read(&request, now) {
+                Ok(Some(reply)) => Ok(Outcome::Read(reply)),
+                Ok(None) => Err(ExecuteError::Storage("only GET and SCAN are reads".into())),
+                Err(e) => Err(ExecuteError::Storage(e.to_string())),
+            });
+            answer(outcome);
+        }
+    }
+}
+
+/// Returns once this node has confirmed with a quorum that it is the leader and has applied
+/// everything committed before the call.
+pub async fn ensure_linearizable(raft: &Raft) -> Result<(), ExecuteError> {
+    use openraft::error::CheckIsLeaderError;
+    match tokio::time::timeout(PROPOSAL_TIMEOUT, raft.ensure_linearizable()).await {
+        Err(_) => Err(ExecuteError::Unavailable("leadership was not confirmed in time".into())),
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(to)))) => Err(forward(&to)),
+        Ok(Err(RaftError::APIError(e))) => Err(ExecuteError::Unavailable(e.to_string())),
+        Ok(Err(RaftError::Fatal(fatal))) => Err(ExecuteError::Unavailable(fatal.to_string())),
+    }
+}
