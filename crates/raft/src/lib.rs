@@ -31,6 +31,7 @@ use std::sync::Arc;
 use rocksdb::DB;
 use statestore_protocol::Request;
 use statestore_statemachine::{Config, DueKey, OutboxEntry, Reply, RequestIdentity, StateMachine, StorageError};
+use tokio::sync::broadcast;
 
 pub use log_store::LogStore;
 pub use metrics::StorageMetrics;
@@ -66,10 +67,11 @@ pub fn open(data_dir: &Path, config: Config, metrics: StorageMetrics) -> Result<
     let snapshot_path = data_dir.join("snapshots");
     let snapshots = snapshot::SnapshotDir::new(&snapshot_path).map_err(io_error(&snapshot_path))?;
     let committed = Arc::new(AtomicU64::new(0));
+    let (applied_requests, _) = broadcast::channel(APPLIED_FEED_CAPACITY);
     let machine = StateMachine::new(config);
     let log = LogStore::new(db.clone(), metrics.clone(), committed.clone()).map_err(io_error(data_dir))?;
-    let state = StateStore::new(db.clone(), machine.clone(), snapshots, metrics);
-    Ok(NodeStorage { log, state, reader: StateReader { db, machine, committed } })
+    let state = StateStore::new(db.clone(), machine.clone(), snapshots, metrics, applied_requests.clone());
+    Ok(NodeStorage { log, state, reader: StateReader { db, machine, committed, applied_requests } })
 }
 
 /// Reads the node's applied state without going through Raft. Whether a read is linearizable is
@@ -79,9 +81,23 @@ pub struct StateReader {
     db: Arc<DB>,
     machine: StateMachine,
     committed: Arc<AtomicU64>,
+    applied_requests: broadcast::Sender<AppliedRequests>,
 }
 
+/// The identities of the client requests one apply call applied, in log order.
+pub type AppliedRequests = Arc<Vec<RequestIdentity>>;
+
+/// Apply calls the applied-requests feed keeps for a subscriber that falls behind; beyond it the
+/// subscriber is told it lagged and must look requests up in the dedup table instead.
+pub const APPLIED_FEED_CAPACITY: usize = 4096;
+
 impl StateReader {
+    /// Follows the requests this node applies from now on: how a follower learns which of the
+    /// requests it holds are done, without polling the dedup table for each.
+    pub fn applied_requests(&self) -> broadcast::Receiver<AppliedRequests> {
+        self.applied_requests.subscribe()
+    }
+
     /// Answers a GET or SCAN from the applied state; `None` for commands that write.
     pub fn read(&self, request: &Request, wall_clock_ms: u64) -> Result<Option<Reply>, StorageError> {
         self.machine.read(&db::Tables { db: &self.db }, request, wall_clock_ms)

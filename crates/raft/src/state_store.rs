@@ -14,7 +14,8 @@ use openraft::storage::RaftStateMachine;
 use openraft::{AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
 use rocksdb::{IteratorMode, WriteBatch, DB};
 use serde::de::DeserializeOwned;
-use statestore_statemachine::{Overlay, StateMachine, Table};
+use statestore_statemachine::{Operation, Overlay, StateMachine, Table};
+use tokio::sync::broadcast;
 
 use crate::db::{add_to, cf, synced, Tables};
 use crate::metrics::StorageMetrics;
@@ -23,6 +24,7 @@ use crate::types::{
     ApplyResult, LogEntry, LogId, RaftStorageError, Snapshot, SnapshotMeta, StoredMembership, TypeConfig,
 };
 use crate::wire::{decode, encode};
+use crate::AppliedRequests;
 
 /// Raft's own keys in the state-machine meta table, beside the state machine's.
 const LAST_APPLIED: &[u8] = b"raft_last_applied";
@@ -50,11 +52,19 @@ pub struct StateStore {
     machine: StateMachine,
     snapshots: SnapshotDir,
     metrics: StorageMetrics,
+    /// Told the identities of the requests each apply call applied.
+    applied_requests: broadcast::Sender<AppliedRequests>,
 }
 
 impl StateStore {
-    pub(crate) fn new(db: Arc<DB>, machine: StateMachine, snapshots: SnapshotDir, metrics: StorageMetrics) -> Self {
-        StateStore { db, machine, snapshots, metrics }
+    pub(crate) fn new(
+        db: Arc<DB>,
+        machine: StateMachine,
+        snapshots: SnapshotDir,
+        metrics: StorageMetrics,
+        applied_requests: broadcast::Sender<AppliedRequests>,
+    ) -> Self {
+        StateStore { db, machine, snapshots, metrics, applied_requests }
     }
 }
 
@@ -79,16 +89,23 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         let mut results = Vec::new();
         let mut last_applied = None;
         let mut membership = None;
+        let mut identities = Vec::new();
         for entry in entries {
             last_applied = Some(entry.log_id);
             let applied = match entry.payload {
                 EntryPayload::Blank => Vec::new(),
-                EntryPayload::Normal(proposal) => proposal
-                    .entries
-                    .iter()
-                    .map(|entry| self.machine.apply(&mut overlay, entry))
-                    .collect::<Result<_, _>>()
-                    .map_err(write_error)?,
+                EntryPayload::Normal(proposal) => {
+                    identities.extend(proposal.entries.iter().filter_map(|entry| match &entry.operation {
+                        Operation::Request(request) => request.identity.clone(),
+                        _ => None,
+                    }));
+                    proposal
+                        .entries
+                        .iter()
+                        .map(|entry| self.machine.apply(&mut overlay, entry))
+                        .collect::<Result<_, _>>()
+                        .map_err(write_error)?
+                }
                 EntryPayload::Membership(config) => {
                     membership = Some(StoredMembership::new(Some(entry.log_id), config));
                     Vec::new()
@@ -109,6 +126,10 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         // Not synced: the log entries are on disk already and are applied again after a crash.
         self.db.write(batch).map_err(write_error)?;
         self.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
+        if !identities.is_empty() {
+            // No subscriber (no MQTT front end) is not an error.
+            let _ = self.applied_requests.send(Arc::new(identities));
+        }
         Ok(results)
     }
 
@@ -127,17 +148,25 @@ impl RaftStateMachine<TypeConfig> for StateStore {
     ) -> Result<(), RaftStorageError> {
         let data = snapshot.into_inner();
         let db = self.db.clone();
+        let snapshots = self.snapshots.clone();
         let snapshot_meta = meta.clone();
-        let data =
-            tokio::task::spawn_blocking(move || install(&db, &snapshot_meta, data)).await.map_err(snapshot_error)??;
-        self.snapshots.save(meta, &data).map_err(snapshot_error)?;
+        // Off the async workers: checking, writing and fsyncing a large snapshot takes seconds.
+        tokio::task::spawn_blocking(move || {
+            let data = install(&db, &snapshot_meta, data)?;
+            snapshots.save(&snapshot_meta, &data).map_err(snapshot_error)
+        })
+        .await
+        .map_err(snapshot_error)??;
         self.metrics.snapshots.with_label_values(&["installed"]).inc();
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, RaftStorageError> {
-        let kept =
-            self.snapshots.load().map_err(|e| StorageIOError::read_snapshot(None, AnyError::error(e.to_string())))?;
+        let snapshots = self.snapshots.clone();
+        let kept = tokio::task::spawn_blocking(move || snapshots.load())
+            .await
+            .map_err(snapshot_error)?
+            .map_err(|e| StorageIOError::read_snapshot(None, AnyError::error(e.to_string())))?;
         Ok(kept.map(|(meta, data)| Snapshot { meta, snapshot: Box::new(Cursor::new(data)) }))
     }
 }
@@ -175,8 +204,14 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot, RaftStorageError> {
         let started = Instant::now();
         let db = self.db.clone();
-        let (meta, data) = tokio::task::spawn_blocking(move || build(&db)).await.map_err(snapshot_error)??;
-        self.snapshots.save(&meta, &data).map_err(snapshot_error)?;
+        let snapshots = self.snapshots.clone();
+        let (meta, data) = tokio::task::spawn_blocking(move || {
+            let (meta, data) = build(&db)?;
+            snapshots.save(&meta, &data).map_err(snapshot_error)?;
+            Ok::<_, RaftStorageError>((meta, data))
+        })
+        .await
+        .map_err(snapshot_error)??;
         self.metrics.snapshot_build_seconds.observe(started.elapsed().as_secs_f64());
         self.metrics.snapshots.with_label_values(&["built"]).inc();
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })

@@ -411,16 +411,28 @@ impl FrontEnd {
 
     /// Acknowledges shadowed requests once they are applied (or expired).
     async fn settle_shadow(self: Arc<Self>) {
+        use tokio::sync::broadcast::error::TryRecvError;
+        let mut feed = self.node.reader.applied_requests();
         let mut tick = tokio::time::interval(TICK);
         loop {
             tick.tick().await;
+            let mut applied = Vec::new();
+            loop {
+                match feed.try_recv() {
+                    Ok(identities) => applied.push(identities),
+                    // What the feed dropped is found by the dedup lookups of old requests.
+                    Err(TryRecvError::Lagged(_)) => continue,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Closed) => return,
+                }
+            }
             let settled = {
                 let mut shadow = self.shadow.lock().unwrap();
                 if shadow.is_empty() {
                     continue;
                 }
                 let reader = &self.node.reader;
-                let settled = shadow.settle(Instant::now(), |identity| {
+                let settled = shadow.settle(Instant::now(), applied.iter().flat_map(|ids| ids.iter()), |identity| {
                     reader.dedup_lookup(identity).map(|found| found.is_some()).unwrap_or(false)
                 });
                 self.metrics.shadow_size.set(shadow.len() as i64);

@@ -4,6 +4,11 @@
 //! may have died between applying it and answering. A follower that becomes leader executes
 //! everything it holds: the dedup table answers the requests that were applied (a client may see
 //! an answer twice), the others run now.
+//!
+//! Settling does work in proportion to what changed, never to what is held: applied requests
+//! are named by the apply feed and found by identity; old entries leave from the front of the
+//! arrival queue; only requests still unsettled after [`LOOKUP_AFTER`] are looked up in the
+//! dedup table (a feed that lagged, a snapshot install), at most [`LOOKUPS_PER_SETTLE`] a time.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -22,6 +27,13 @@ pub struct Shadowed {
     /// Acknowledged to the broker already (a read, or a write seen applied).
     pub acked: bool,
 }
+
+/// A write not seen applied for this long is looked up in the dedup table.
+pub const LOOKUP_AFTER: Duration = Duration::from_secs(1);
+/// Most dedup lookups one settle makes.
+pub const LOOKUPS_PER_SETTLE: usize = 256;
+/// Without a message expiry, an unapplied write is kept at most this long.
+const UNBOUNDED_KEEP: Duration = Duration::from_secs(60);
 
 /// Shadowed requests in arrival order, at most `capacity` of them.
 pub struct Shadow {
@@ -66,26 +78,60 @@ impl Shadow {
         out
     }
 
-    /// Marks the writes `applied` says are applied as acknowledged and returns copies of them
-    /// to acknowledge; forgets what expired or was kept long enough. Without a message expiry, an
-    /// unapplied write is kept at most `UNBOUNDED_KEEP`.
-    pub fn settle(&mut self, now: Instant, mut applied: impl FnMut(&RequestIdentity) -> bool) -> Settled {
-        const UNBOUNDED_KEEP: Duration = Duration::from_secs(60);
-        let retention = self.retention;
+    /// Marks the writes in `applied` (from the apply feed) as acknowledged and returns copies
+    /// of them to acknowledge; looks up writes unsettled for [`LOOKUP_AFTER`] with `lookup`;
+    /// forgets, from the oldest on, what expired or was kept long enough.
+    pub fn settle<'a>(
+        &mut self,
+        now: Instant,
+        applied: impl IntoIterator<Item = &'a RequestIdentity>,
+        mut lookup: impl FnMut(&RequestIdentity) -> bool,
+    ) -> Settled {
         let mut settled = Settled::default();
-        let mut gone = Vec::new();
-        for (identity, (_, shadowed)) in self.entries.iter_mut() {
-            let age = now.duration_since(shadowed.received);
-            if shadowed.inbound.expired(now) || (shadowed.acked && age >= retention) || age >= UNBOUNDED_KEEP {
-                gone.push(identity.clone());
-            } else if !shadowed.acked && applied(identity) {
+        for identity in applied {
+            if let Some((_, shadowed)) = self.entries.get_mut(identity) {
+                if !shadowed.acked {
+                    shadowed.acked = true;
+                    settled.applied.push(shadowed.publish.clone());
+                }
+            }
+        }
+        let mut lookups = 0;
+        for (seq, identity) in &self.order {
+            if lookups == LOOKUPS_PER_SETTLE {
+                break;
+            }
+            let Some((current, shadowed)) = self.entries.get_mut(identity) else { continue };
+            if *current != *seq || shadowed.acked {
+                continue;
+            }
+            if now.duration_since(shadowed.received) < LOOKUP_AFTER {
+                break;
+            }
+            lookups += 1;
+            if lookup(identity) {
                 shadowed.acked = true;
                 settled.applied.push(shadowed.publish.clone());
             }
         }
-        for identity in gone {
-            if let Some((_, shadowed)) = self.entries.remove(&identity) {
-                settled.forgotten.push(shadowed);
+        while let Some((seq, identity)) = self.order.front() {
+            let gone = match self.entries.get(identity) {
+                Some((current, shadowed)) if current == seq => {
+                    let age = now.duration_since(shadowed.received);
+                    shadowed.inbound.expired(now) || (shadowed.acked && age >= self.retention) || age >= UNBOUNDED_KEEP
+                }
+                _ => {
+                    self.order.pop_front();
+                    continue;
+                }
+            };
+            if !gone {
+                break;
+            }
+            if let Some((_, identity)) = self.order.pop_front() {
+                if let Some((_, shadowed)) = self.entries.remove(&identity) {
+                    settled.forgotten.push(shadowed);
+                }
             }
         }
         self.compact();
@@ -161,15 +207,18 @@ mod tests {
     #[test]
     fn applied_requests_leave_and_the_rest_drain_in_order() {
         let now = Instant::now();
-        let mut shadow = Shadow::new(100, Duration::from_secs(1));
+        let mut shadow = Shadow::new(100, Duration::from_secs(5));
         for c in 1..=5 {
             assert!(shadow.insert(set(c, now)).is_empty());
         }
-        let settled = shadow.settle(now, |id| id.correlation_data[0] % 2 == 0);
+        let even: Vec<RequestIdentity> = [2, 4].iter().map(|c| set(*c, now).inbound.identity().unwrap()).collect();
+        let settled = shadow.settle(now, &even, |_| panic!("young requests are not looked up"));
         assert_eq!(settled.applied.len(), 2, "applied writes are acknowledged");
         assert!(settled.forgotten.is_empty(), "and kept, in case the leader died before answering");
-        assert_eq!(shadow.settle(now, |_| true).applied.len(), 3, "each is acknowledged once");
-        let later = shadow.settle(now + Duration::from_secs(2), |_| true);
+        assert!(shadow.settle(now, &even, |_| true).applied.is_empty(), "each is acknowledged once");
+        let looked_up = shadow.settle(now + LOOKUP_AFTER, &[], |_| true);
+        assert_eq!(looked_up.applied.len(), 3, "what the feed missed is looked up once it is old enough");
+        let later = shadow.settle(now + Duration::from_secs(6), &[], |_| true);
         assert_eq!(later.forgotten.len(), 5, "kept for the retention only");
         assert!(shadow.is_empty());
     }
@@ -181,7 +230,7 @@ mod tests {
         for c in 1..=4 {
             shadow.insert(set(c, now));
         }
-        shadow.settle(now, |id| id.correlation_data[0] == 2);
+        shadow.settle(now, &[set(2, now).inbound.identity().unwrap()], |_| false);
         let drained = shadow.drain();
         assert_eq!(correlations(&drained), vec![1, 2, 3, 4]);
         assert_eq!(drained.iter().map(|s| s.acked).collect::<Vec<_>>(), vec![false, true, false, false]);
@@ -207,8 +256,33 @@ mod tests {
         let mut read = shadowed(2, Get { key: b"k".to_vec() }.encode(), now);
         read.acked = true;
         shadow.insert(read);
-        assert!(shadow.settle(now + Duration::from_millis(500), |_| false).forgotten.is_empty());
-        assert_eq!(correlations(&shadow.settle(now + Duration::from_secs(2), |_| false).forgotten), vec![2]);
-        assert_eq!(correlations(&shadow.settle(now + Duration::from_secs(11), |_| false).forgotten), vec![1]);
+        assert!(shadow.settle(now + Duration::from_millis(500), &[], |_| false).forgotten.is_empty());
+        let expired = shadow.settle(now + Duration::from_secs(11), &[], |_| false).forgotten;
+        assert_eq!(correlations(&expired), vec![1, 2], "the expired write, then the read kept past its retention");
+    }
+
+    #[test]
+    fn settling_a_large_shadow_looks_up_only_a_bounded_number_of_old_requests() {
+        let now = Instant::now();
+        let mut shadow = Shadow::new(100_000, Duration::from_secs(5));
+        for c in 0..20_000u32 {
+            let mut request = set(0, now);
+            let correlation = Bytes::from(c.to_be_bytes().repeat(4));
+            request.inbound.correlation_data = Some(correlation);
+            shadow.insert(request);
+        }
+        assert_eq!(shadow.len(), 20_000);
+        let mut lookups = 0;
+        shadow.settle(now, &[], |_| {
+            lookups += 1;
+            true
+        });
+        assert_eq!(lookups, 0, "nothing young is looked up");
+        let settled = shadow.settle(now + LOOKUP_AFTER, &[], |_| {
+            lookups += 1;
+            false
+        });
+        assert_eq!(lookups, LOOKUPS_PER_SETTLE);
+        assert!(settled.applied.is_empty() && settled.forgotten.is_empty());
     }
 }

@@ -162,6 +162,13 @@ impl Cluster {
         }
     }
 
+    /// Sends `signal` (e.g. `STOP`, `CONT`) to node `id`'s process.
+    pub fn signal(&self, id: u64, signal: &str) {
+        let pid = self.nodes[&id].child.as_ref().expect("running").id();
+        let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().unwrap();
+        assert!(status.success(), "kill -{signal} {pid}");
+    }
+
     pub fn running(&self) -> Vec<u64> {
         self.nodes.values().filter(|n| n.child.is_some()).map(|n| n.id).collect()
     }
