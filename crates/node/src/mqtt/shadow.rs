@@ -42,13 +42,22 @@ pub struct Shadow {
     /// applied) is kept after receipt, to be answered if the leader died before answering.
     retention: Duration,
     order: VecDeque<(u64, RequestIdentity)>,
+    /// Writes not yet seen applied, in arrival order (with slots of settled ones, skipped).
+    unsettled: VecDeque<(u64, RequestIdentity)>,
     entries: HashMap<RequestIdentity, (u64, Shadowed)>,
     next: u64,
 }
 
 impl Shadow {
     pub fn new(capacity: usize, retention: Duration) -> Shadow {
-        Shadow { capacity, retention, order: VecDeque::new(), entries: HashMap::new(), next: 0 }
+        Shadow {
+            capacity,
+            retention,
+            order: VecDeque::new(),
+            unsettled: VecDeque::new(),
+            entries: HashMap::new(),
+            next: 0,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -65,6 +74,9 @@ impl Shadow {
         let Some(identity) = request.inbound.identity() else { return vec![request] };
         let mut out = Vec::new();
         self.next += 1;
+        if !request.acked {
+            self.unsettled.push_back((self.next, identity.clone()));
+        }
         if let Some((_, earlier)) = self.entries.insert(identity.clone(), (self.next, request)) {
             out.push(earlier);
         }
@@ -96,23 +108,29 @@ impl Shadow {
                 }
             }
         }
+        // Settled slots leave the front for good, so this is work per request, not per tick.
         let mut lookups = 0;
-        for (seq, identity) in &self.order {
-            if lookups == LOOKUPS_PER_SETTLE {
-                break;
-            }
-            let Some((current, shadowed)) = self.entries.get_mut(identity) else { continue };
-            if *current != *seq || shadowed.acked {
+        let mut still_unsettled = Vec::new();
+        while lookups < LOOKUPS_PER_SETTLE {
+            let Some((seq, identity)) = self.unsettled.pop_front() else { break };
+            let Some((current, shadowed)) = self.entries.get_mut(&identity) else { continue };
+            if *current != seq || shadowed.acked {
                 continue;
             }
             if now.duration_since(shadowed.received) < LOOKUP_AFTER {
+                self.unsettled.push_front((seq, identity));
                 break;
             }
             lookups += 1;
-            if lookup(identity) {
+            if lookup(&identity) {
                 shadowed.acked = true;
                 settled.applied.push(shadowed.publish.clone());
+            } else {
+                still_unsettled.push((seq, identity));
             }
+        }
+        for slot in still_unsettled.into_iter().rev() {
+            self.unsettled.push_front(slot);
         }
         while let Some((seq, identity)) = self.order.front() {
             let gone = match self.entries.get(identity) {
@@ -145,6 +163,7 @@ impl Shadow {
             out.push(next);
         }
         self.order.clear();
+        self.unsettled.clear();
         out
     }
 
@@ -162,6 +181,12 @@ impl Shadow {
         if self.order.len() > 2 * self.entries.len() + 64 {
             let entries = &self.entries;
             self.order.retain(|(seq, identity)| entries.get(identity).is_some_and(|(current, _)| current == seq));
+        }
+        if self.unsettled.len() > 2 * self.entries.len() + 64 {
+            let entries = &self.entries;
+            self.unsettled.retain(|(seq, identity)| {
+                entries.get(identity).is_some_and(|(current, shadowed)| current == seq && !shadowed.acked)
+            });
         }
     }
 }
@@ -284,5 +309,9 @@ mod tests {
         });
         assert_eq!(lookups, LOOKUPS_PER_SETTLE);
         assert!(settled.applied.is_empty() && settled.forgotten.is_empty());
+        assert_eq!(shadow.unsettled.len(), 20_000, "what was looked up keeps its place");
+        let applied: Vec<RequestIdentity> = shadow.entries.keys().cloned().collect();
+        shadow.settle(now + LOOKUP_AFTER, &applied, |_| panic!("everything was applied"));
+        assert!(shadow.unsettled.is_empty(), "settled slots leave the unsettled queue");
     }
 }
