@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark of the state store against the broker alone (echo) and etcd, on this
+# machine, with the same load. Builds the release binaries, then runs `compare`.
+#
+#   bash benches/compare.sh [MODE] [OPTIONS]
+#
+#   sweep      (default) closed loop at in-flight levels 1,16,64,256: ops/s, p50/p99/p99.9, CPU
+#   rate       open loop at a fixed rate (--rate OPS), latency from the scheduled send time
+#   fill       write --to N distinct keys (cluster), then RSS and a follower's restart time
+#   sustained  --minutes T at 16 in flight: ops/s every second, p99 every minute
+#   partition  cut a follower, then the leader, off from their peers under load (cluster)
+#
+# Common options: --targets echo,cluster,etcd  --out DIR  --nodes-binary PATH  --keys N
+# --value-size BYTES  --message-expiry SECS  --timeout SECS  --time-limit SECS.
+# `bash benches/compare.sh MODE --help` lists every option. Results (summary.txt, CSV, SVG,
+# process logs) go to benches/results/<UTC time>-<mode>/ unless --out says otherwise.
+# COMPARE_SKIP_BUILD=1 runs the binaries already built.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/statestore-target}"
+
+mode=sweep
+case "${1:-}" in
+  sweep | rate | fill | sustained | partition) mode="$1"; shift ;;
+  -h | --help | help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  "" | -*) ;;
+  *) echo "compare.sh: unknown mode $1 (sweep, rate, fill, sustained, partition)" >&2; exit 2 ;;
+esac
+
+if [[ "${COMPARE_SKIP_BUILD:-0}" != 1 ]]; then
+  echo "building the release binaries (the first build compiles RocksDB: ~15 minutes)" >&2
+  cargo build --release -p statestore-node -p statestore-benches
+fi
+exec "$CARGO_TARGET_DIR/release/compare" "$mode" "$@"

@@ -1,0 +1,170 @@
+//! Command-line options.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::targets::TargetKind;
+
+/// Side-by-side benchmark: the state store cluster against the broker alone (echo) and etcd,
+/// on this machine, with the same load. Every process it starts is stopped when it ends.
+#[derive(Debug, Parser)]
+#[command(name = "compare")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub mode: Mode,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Mode {
+    /// Closed loop at several in-flight levels: ops/s, latency, CPU, requests per fsync.
+    Sweep {
+        #[command(flatten)]
+        common: Common,
+        /// In-flight levels (requests outstanding at once).
+        #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
+        levels: Vec<usize>,
+        /// Seconds measured per level.
+        #[arg(long, default_value_t = 10)]
+        secs: u64,
+        /// Seconds of load before each level's measurement.
+        #[arg(long, default_value_t = 2)]
+        warmup: u64,
+    },
+    /// Open loop at a fixed rate: latency from the scheduled send time.
+    Rate {
+        #[command(flatten)]
+        common: Common,
+        /// Requests per second; default half the lowest quick 64-in-flight peak of the targets.
+        #[arg(long)]
+        rate: Option<f64>,
+        #[arg(long, default_value_t = 10)]
+        secs: u64,
+        #[arg(long, default_value_t = 2)]
+        warmup: u64,
+    },
+    /// Writes distinct keys up to --to, then reports memory and a follower's restart time.
+    Fill {
+        #[command(flatten)]
+        common: Common,
+        /// Distinct keys to write.
+        #[arg(long, default_value_t = 1_000_000)]
+        to: u64,
+        #[arg(long, default_value_t = 64)]
+        inflight: usize,
+        /// Keys per recorded step; default 100,000 (a tenth of --to when that is smaller).
+        #[arg(long)]
+        step: Option<u64>,
+    },
+    /// A long closed loop: ops/s every second, latency tail every minute, last vs first minute.
+    Sustained {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long, default_value_t = 10)]
+        minutes: u64,
+        #[arg(long, default_value_t = 16)]
+        inflight: usize,
+    },
+    /// Cuts a follower, then the leader, off from their peers under load (cluster only).
+    Partition {
+        #[command(flatten)]
+        common: Common,
+        /// Length of each of the five phases: steady, follower cut, healed, leader cut, healed.
+        #[arg(long, default_value_t = 10)]
+        phase_secs: u64,
+        #[arg(long, default_value_t = 16)]
+        inflight: usize,
+    },
+    /// Internal: the echo target's responders (started by the benchmark itself).
+    #[command(hide = true)]
+    EchoResponder {
+        #[arg(long)]
+        broker_port: u16,
+        #[arg(long)]
+        ready_file: PathBuf,
+    },
+}
+
+/// Options of every mode.
+#[derive(Debug, Args)]
+pub struct Common {
+    /// Targets to measure, one after another (default: echo,cluster,etcd; fill and partition:
+    /// cluster).
+    #[arg(long, value_delimiter = ',')]
+    pub targets: Option<Vec<TargetKind>>,
+    /// Output directory (default benches/results/<UTC time>-<mode>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The `statestore` node binary (default: next to this binary).
+    #[arg(long)]
+    pub nodes_binary: Option<PathBuf>,
+    #[arg(long, default_value = "/usr/sbin/mosquitto")]
+    pub mosquitto: PathBuf,
+    #[arg(long, default_value = "/usr/bin/etcd")]
+    pub etcd: PathBuf,
+    /// Keys drawn from (uniformly at random).
+    #[arg(long, default_value_t = 10_000)]
+    pub keys: u64,
+    /// Bytes per value.
+    #[arg(long, default_value_t = 256)]
+    pub value_size: usize,
+    /// MQTT message expiry interval of each request, in seconds.
+    #[arg(long, default_value_t = 10)]
+    pub message_expiry: u32,
+    /// Seconds without an answer after which a request counts as an error.
+    #[arg(long, default_value_t = 10)]
+    pub timeout: u64,
+    /// Stop everything after this many seconds (default: twice the planned time plus 5 minutes).
+    #[arg(long)]
+    pub time_limit: Option<u64>,
+}
+
+impl Mode {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mode::Sweep { .. } => "sweep",
+            Mode::Rate { .. } => "rate",
+            Mode::Fill { .. } => "fill",
+            Mode::Sustained { .. } => "sustained",
+            Mode::Partition { .. } => "partition",
+            Mode::EchoResponder { .. } => "echo-responder",
+        }
+    }
+
+    pub fn common(&self) -> Option<&Common> {
+        match self {
+            Mode::Sweep { common, .. }
+            | Mode::Rate { common, .. }
+            | Mode::Fill { common, .. }
+            | Mode::Sustained { common, .. }
+            | Mode::Partition { common, .. } => Some(common),
+            Mode::EchoResponder { .. } => None,
+        }
+    }
+
+    /// The targets measured when --targets is not given.
+    pub fn default_targets(&self) -> Vec<TargetKind> {
+        match self {
+            Mode::Fill { .. } | Mode::Partition { .. } => vec![TargetKind::Cluster],
+            _ => TargetKind::ALL.to_vec(),
+        }
+    }
+
+    /// Seconds the mode should take for `targets` targets, to derive the time limit.
+    pub fn planned_secs(&self, targets: usize) -> u64 {
+        const START: u64 = 60;
+        let targets = targets.max(1) as u64;
+        let timeout = self.common().map_or(10, |c| c.timeout);
+        match self {
+            Mode::Sweep { levels, secs, warmup, .. } => {
+                targets * (START + levels.len() as u64 * (warmup + secs + timeout))
+            }
+            Mode::Rate { secs, warmup, .. } => targets * (2 * START + 4 + 2 * timeout + warmup + secs),
+            // At a pessimistic 200 writes per second, plus the restart.
+            Mode::Fill { to, .. } => targets * (START + to / 200 + 300),
+            Mode::Sustained { minutes, .. } => targets * (START + minutes * 60 + timeout),
+            Mode::Partition { phase_secs, .. } => START + 5 * phase_secs + timeout,
+            Mode::EchoResponder { .. } => 0,
+        }
+    }
+}

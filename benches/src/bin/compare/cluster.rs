@@ -1,0 +1,267 @@
+//! The `cluster` target: three `statestore` node processes on loopback behind the benchmark's
+//! broker, started as cluster/local.sh starts them, with fresh data directories.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+use crate::processes::{Process, STOP_GRACE};
+
+/// How long a fresh cluster may take to elect a leader and report ready.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a restarted node may take to report ready.
+const RESTART_TIMEOUT: Duration = Duration::from_secs(300);
+
+pub const NODES: u64 = 3;
+
+struct Node {
+    id: u64,
+    port: u16,
+    data_dir: PathBuf,
+    process: Process,
+}
+
+pub struct StatestoreCluster {
+    binary: PathBuf,
+    broker_port: u16,
+    members: String,
+    /// Per node id, the `--peer-routes` it was started with (partition runs).
+    peer_routes: Vec<Option<String>>,
+    logs: PathBuf,
+    nodes: Vec<Node>,
+    http: reqwest::Client,
+}
+
+/// The HTTP ports of the three nodes, chosen before the nodes start (the partition proxies
+/// need them first).
+pub fn free_ports() -> Vec<u16> {
+    (0..NODES).map(|_| statestore_benches::free_port()).collect()
+}
+
+/// Fails with a clear message when `binary` is missing or lacks `flag`.
+pub fn check_binary(binary: &Path, flag: Option<&str>) -> anyhow::Result<()> {
+    if !binary.is_file() {
+        bail!(
+            "the node binary {} does not exist: build it with `cargo build --release -p statestore-node --bin statestore` \
+             or pass --nodes-binary",
+            binary.display()
+        );
+    }
+    if let Some(flag) = flag {
+        let help = Command::new(binary).arg("--help").output().context("running the node binary")?;
+        if !String::from_utf8_lossy(&help.stdout).contains(flag) {
+            bail!("the node binary {} has no {flag} option (rebuild it from a newer tree)", binary.display());
+        }
+    }
+    Ok(())
+}
+
+impl StatestoreCluster {
+    /// Starts the nodes on `ports` and waits until all three are ready and agree on a leader.
+    /// `peer_routes[i]`, when given, is node i+1's `--peer-routes`.
+    pub async fn start(
+        binary: &Path,
+        broker_port: u16,
+        ports: &[u16],
+        peer_routes: Vec<Option<String>>,
+        dir: &Path,
+        logs: &Path,
+    ) -> anyhow::Result<StatestoreCluster> {
+        let members = ports
+            .iter()
+            .enumerate()
+            .map(|(i, port)| format!("{}=http://127.0.0.1:{port}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = StatestoreCluster {
+            binary: binary.to_path_buf(),
+            broker_port,
+            members,
+            peer_routes,
+            logs: logs.to_path_buf(),
+            nodes: Vec::new(),
+            http: reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?,
+        };
+        for (i, port) in ports.iter().enumerate() {
+            let id = i as u64 + 1;
+            let data_dir = dir.join(format!("node-{id}"));
+            let process = cluster.spawn(id, *port, &data_dir)?;
+            cluster.nodes.push(Node { id, port: *port, data_dir, process });
+        }
+        let deadline = Instant::now() + START_TIMEOUT;
+        for index in 0..cluster.nodes.len() {
+            cluster.wait_ready(index, deadline).await?;
+        }
+        cluster.wait_for_leader(deadline).await?;
+        Ok(cluster)
+    }
+
+    fn spawn(&self, id: u64, port: u16, data_dir: &Path) -> anyhow::Result<Process> {
+        let mut command = Command::new(&self.binary);
+        command
+            .arg("--id")
+            .arg(id.to_string())
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--data-dir")
+            .arg(data_dir)
+            .arg("--initial-members")
+            .arg(&self.members)
+            .arg("--broker")
+            .arg(format!("127.0.0.1:{}", self.broker_port))
+            .arg("--log")
+            .arg("warn");
+        if let Some(routes) = &self.peer_routes[(id - 1) as usize] {
+            command.arg("--peer-routes").arg(routes);
+        }
+        Process::spawn(format!("node{id}"), command, &self.logs.join(format!("node-{id}.log")))
+    }
+
+    pub fn processes(&self) -> Vec<(String, u32)> {
+        self.nodes.iter().map(|node| (node.process.name().to_string(), node.process.pid())).collect()
+    }
+
+    /// The node id of the node at `index`.
+    pub fn id(&self, index: usize) -> u64 {
+        self.nodes[index].id
+    }
+
+    /// Fails when a node has died.
+    pub fn check_running(&mut self) -> anyhow::Result<()> {
+        for index in 0..self.nodes.len() {
+            let hint = self.log_hint(index);
+            self.nodes[index].process.check_running().context(hint)?;
+        }
+        Ok(())
+    }
+
+    fn url(&self, index: usize, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.nodes[index].port)
+    }
+
+    async fn is_ready(&self, index: usize) -> bool {
+        let response = self.http.get(self.url(index, "/ready")).send().await;
+        response.is_ok_and(|r| r.status().is_success())
+    }
+
+    async fn wait_ready(&mut self, index: usize, deadline: Instant) -> anyhow::Result<()> {
+        while !self.is_ready(index).await {
+            self.nodes[index].process.check_running().with_context(|| self.log_hint(index))?;
+            if Instant::now() > deadline {
+                bail!("node {} did not become ready in time; {}", self.nodes[index].id, self.log_hint(index));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    fn log_hint(&self, index: usize) -> String {
+        format!("see {}", self.logs.join(format!("node-{}.log", self.nodes[index].id)).display())
+    }
+
+    /// Node `index`'s `GET /cluster`.
+    async fn status(&self, index: usize) -> Option<Value> {
+        self.http.get(self.url(index, "/cluster")).send().await.ok()?.json().await.ok()
+    }
+
+    /// The index of the node that says it is the leader and whose leadership every node that
+    /// answers agrees with.
+    pub async fn leader(&self) -> Option<usize> {
+        let mut leader_id = None;
+        for index in 0..self.nodes.len() {
+            let Some(status) = self.status(index).await else { continue };
+            let says = status.pointer("/leader/id").and_then(Value::as_u64)?;
+            if *leader_id.get_or_insert(says) != says {
+                return None;
+            }
+        }
+        let index = self.nodes.iter().position(|node| Some(node.id) == leader_id)?;
+        let status = self.status(index).await?;
+        (status.get("role").and_then(Value::as_str) == Some("leader")).then_some(index)
+    }
+
+    async fn wait_for_leader(&self, deadline: Instant) -> anyhow::Result<usize> {
+        loop {
+            if let Some(index) = self.leader().await {
+                return Ok(index);
+            }
+            if Instant::now() > deadline {
+                bail!("the nodes did not agree on a leader in time");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The leader's counters for "requests per fsync": requests answered (all commands and
+    /// results) and WAL fsyncs. `None` for a counter the node does not export.
+    pub async fn leader_counters(&self, index: usize) -> (Option<f64>, Option<f64>) {
+        let text = match self.http.get(self.url(index, "/metrics")).send().await {
+            Ok(response) => response.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        (
+            metric_sum(&text, "statestore_requests_total"),
+            metric_sum(&text, "statestore_disk_wal_fsync_duration_seconds_count"),
+        )
+    }
+
+    /// Resident memory of each node, in MiB.
+    pub fn rss_mib(&self) -> Vec<(String, Option<f64>)> {
+        self.nodes
+            .iter()
+            .map(|node| (node.process.name().to_string(), crate::processes::rss_mib(node.process.pid())))
+            .collect()
+    }
+
+    /// Stops node `index` with SIGTERM and starts it again on the same data directory. Returns
+    /// how long it took to exit, and the time from its start to its first `/ready` 200.
+    pub async fn restart(&mut self, index: usize) -> anyhow::Result<(Duration, Duration)> {
+        let stopping = Instant::now();
+        let status = tokio::task::block_in_place(|| self.nodes[index].process.stop(STOP_GRACE));
+        let stop_time = stopping.elapsed();
+        if !status.success() {
+            eprintln!("note: node {} exited with {status} after SIGTERM", self.nodes[index].id);
+        }
+        let (id, port, data_dir) = (self.nodes[index].id, self.nodes[index].port, self.nodes[index].data_dir.clone());
+        let starting = Instant::now();
+        self.nodes[index].process = self.spawn(id, port, &data_dir)?;
+        self.wait_ready(index, starting + RESTART_TIMEOUT).await?;
+        Ok((stop_time, starting.elapsed()))
+    }
+}
+
+/// The sum over all label sets of the Prometheus metric `name` in an exposition `text`.
+pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            if !(rest.starts_with('{') || rest.starts_with(' ')) {
+                return None;
+            }
+            line.rsplit(' ').next()?.parse().ok()
+        })
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_sums_add_every_label_set_and_only_the_named_metric() {
+        let text = "# HELP statestore_requests_total x\n\
+                    statestore_requests_total{command=\"SET\",result=\"ok\"} 10\n\
+                    statestore_requests_total{command=\"GET\",result=\"ok\"} 5\n\
+                    statestore_requests_total_other 99\n\
+                    statestore_disk_wal_fsync_duration_seconds_count 4\n";
+        assert_eq!(metric_sum(text, "statestore_requests_total"), Some(15.0));
+        assert_eq!(metric_sum(text, "statestore_disk_wal_fsync_duration_seconds_count"), Some(4.0));
+        assert_eq!(metric_sum(text, "missing"), None);
+    }
+}

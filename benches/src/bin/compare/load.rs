@@ -1,0 +1,192 @@
+//! Load shapes, the same for every target: a closed loop (a fixed number of in-flight slots, each
+//! sending its next request when the previous one is answered) and an open loop (requests at
+//! fixed times, whatever the answers do).
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::stats::Recorder;
+
+/// Why a request did not succeed.
+#[derive(Debug, Clone)]
+pub enum RequestError {
+    /// No answer within the request timeout.
+    Timeout,
+    /// An answer that is not a success: a status other than 200, or a RESP `-ERR`.
+    Refused(String),
+    /// The request could not be sent.
+    Send(String),
+}
+
+impl fmt::Display for RequestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RequestError::Timeout => write!(f, "no answer within the timeout"),
+            RequestError::Refused(why) => write!(f, "refused: {why}"),
+            RequestError::Send(why) => write!(f, "not sent: {why}"),
+        }
+    }
+}
+
+/// One way of writing a key: over MQTT to the state store (or the echo responder), or over
+/// HTTP to etcd. `slot` names the in-flight slot, which decides the connection used.
+pub trait Requester: Send + Sync + 'static {
+    fn set(&self, slot: usize, key: Vec<u8>, value: &[u8]) -> impl Future<Output = Result<(), RequestError>> + Send;
+}
+
+/// The keys and values written. Values are random bytes (incompressible), drawn from a small
+/// pool made once so that making them costs nothing during the run.
+pub struct Workload {
+    keys: Keys,
+    values: Vec<Vec<u8>>,
+    issued: AtomicU64,
+}
+
+enum Keys {
+    /// Uniformly drawn from `key-0` .. `key-{n-1}`, without end.
+    Random(u64),
+    /// `fill-0000000000`, `fill-0000000001`, ...: every request writes a new key, up to this
+    /// many keys.
+    Sequential(u64),
+}
+
+const VALUE_POOL: usize = 64;
+
+impl Workload {
+    pub fn random_keys(keys: u64, value_size: usize) -> Workload {
+        Workload { keys: Keys::Random(keys.max(1)), values: values(value_size), issued: AtomicU64::new(0) }
+    }
+
+    pub fn distinct_keys(keys: u64, value_size: usize) -> Workload {
+        Workload { keys: Keys::Sequential(keys), values: values(value_size), issued: AtomicU64::new(0) }
+    }
+
+    /// The next key and value to write; `None` once every distinct key has been issued.
+    pub fn next(&self) -> Option<(Vec<u8>, &[u8])> {
+        let n = self.issued.fetch_add(1, Ordering::Relaxed);
+        let key = match self.keys {
+            Keys::Random(keys) => format!("key-{}", fastrand::u64(..keys)),
+            Keys::Sequential(keys) if n < keys => format!("fill-{n:010}"),
+            Keys::Sequential(_) => return None,
+        };
+        Some((key.into_bytes(), &self.values[n as usize % self.values.len()]))
+    }
+}
+
+fn values(size: usize) -> Vec<Vec<u8>> {
+    (0..VALUE_POOL).map(|_| (0..size).map(|_| fastrand::u8(..)).collect()).collect()
+}
+
+/// A running load; [`LoadHandle::finish`] stops it and waits for its last requests.
+pub struct LoadHandle {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl LoadHandle {
+    /// Stops sending and waits until every request sent has been answered or timed out.
+    pub async fn finish(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in std::mem::take(&mut self.tasks) {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for LoadHandle {
+    fn drop(&mut self) {
+        // Dropped without `finish` (an error or Ctrl-C elsewhere): stop the tasks now.
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// `inflight` slots, each sending one request at a time.
+pub fn start_closed<R: Requester>(
+    requester: Arc<R>,
+    workload: Arc<Workload>,
+    inflight: usize,
+    recorder: Arc<Recorder>,
+) -> LoadHandle {
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = (0..inflight)
+        .map(|slot| {
+            let (requester, workload, recorder, stop) =
+                (requester.clone(), workload.clone(), recorder.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let Some((key, value)) = workload.next() else { break };
+                    let sent = Instant::now();
+                    let outcome = requester.set(slot, key, value).await;
+                    recorder.record(sent, outcome);
+                }
+            })
+        })
+        .collect();
+    LoadHandle { stop, tasks }
+}
+
+/// Connections an open loop spreads its requests over, as slot numbers `0..OPEN_LOOP_SLOTS`
+/// (for MQTT, 16 slots share a connection: 4 connections).
+pub const OPEN_LOOP_SLOTS: usize = 64;
+
+/// `rate` requests per second at fixed times. Latency counts from the scheduled time, not the
+/// actual send, so a stalled system is charged for the requests it delayed (no coordinated
+/// omission).
+pub fn start_open<R: Requester>(
+    requester: Arc<R>,
+    workload: Arc<Workload>,
+    rate: f64,
+    recorder: Arc<Recorder>,
+) -> LoadHandle {
+    let stop = Arc::new(AtomicBool::new(false));
+    let interval = Duration::from_secs_f64(1.0 / rate.max(1e-3));
+    let scheduler = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut requests = JoinSet::new();
+            let start = Instant::now();
+            let mut n: u32 = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let scheduled = start + interval * n;
+                tokio::time::sleep_until(scheduled.into()).await;
+                let Some((key, value)) = workload.next() else { break };
+                let value = value.to_vec();
+                let (requester, recorder) = (requester.clone(), recorder.clone());
+                let slot = n as usize % OPEN_LOOP_SLOTS;
+                requests.spawn(async move {
+                    let outcome = requester.set(slot, key, &value).await;
+                    recorder.record(scheduled, outcome);
+                });
+                while requests.try_join_next().is_some() {}
+                n += 1;
+            }
+            while requests.join_next().await.is_some() {}
+        })
+    };
+    LoadHandle { stop, tasks: vec![scheduler] }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distinct_keys_run_out_and_random_keys_do_not() {
+        let fill = Workload::distinct_keys(2, 8);
+        assert_eq!(fill.next().map(|(k, v)| (k, v.len())), Some((b"fill-0000000000".to_vec(), 8)));
+        assert_eq!(fill.next().unwrap().0, b"fill-0000000001");
+        assert!(fill.next().is_none());
+        let random = Workload::random_keys(3, 4);
+        for _ in 0..100 {
+            let (key, _) = random.next().unwrap();
+            assert!([&b"key-0"[..], b"key-1", b"key-2"].contains(&key.as_slice()));
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! `fill`: writes distinct keys until the store holds `--to` of them, recording the rate of every
+//! step; then the memory of every server, and how long a follower takes to be ready again after
+//! a restart on its full data directory.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::Run;
+use crate::load::{start_closed, Workload};
+use crate::processes::CpuSample;
+use crate::report::{self, Table};
+use crate::stats::Recorder;
+use crate::svg::{self, Chart, Line};
+use crate::targets::{Target, TargetKind};
+
+/// The recorder's window: longer than any fill (the time limit ends a run before it).
+const FILL_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
+const POLL: Duration = Duration::from_millis(100);
+
+/// The rate over one step of the fill.
+struct Step {
+    kind: TargetKind,
+    keys: u64,
+    elapsed: f64,
+    ops: f64,
+}
+
+/// After the fill: memory and the restart of a follower.
+struct Ending {
+    kind: TargetKind,
+    rss: Vec<(String, Option<f64>)>,
+    /// The restarted follower, its time to exit after SIGTERM and its time from start to ready.
+    restart: Option<(String, Duration, Duration)>,
+}
+
+pub async fn fill(run: &mut Run, to: u64, inflight: usize, step: u64) -> anyhow::Result<()> {
+    let mut steps = Vec::new();
+    let mut endings = Vec::new();
+    for kind in run.targets.clone() {
+        run.progress
+            .line(&format!("{kind}: starting, filling to {} keys at {inflight} in flight", report::ops(to as f64)));
+        match fill_target(run, kind, to, inflight, step, &mut steps).await {
+            Ok(ending) => endings.push(ending),
+            Err(error) => run.failed(kind, error),
+        }
+    }
+    report(run, to, &steps, &endings)
+}
+
+async fn fill_target(
+    run: &mut Run,
+    kind: TargetKind,
+    to: u64,
+    inflight: usize,
+    step: u64,
+    steps: &mut Vec<Step>,
+) -> anyhow::Result<Ending> {
+    let mut target = Target::start(kind, &run.setup, inflight, false).await?;
+    let workload = Arc::new(Workload::distinct_keys(to, run.value_size));
+    let recorder = Arc::new(Recorder::new(Instant::now(), FILL_WINDOW, false));
+    let load = start_closed(target.client.clone(), workload, inflight, recorder.clone());
+    let processes = target.processes();
+    let cpu_before = CpuSample::take(&processes);
+    let start = recorder.from();
+    let mut next_mark = step.min(to);
+    // The previous poll and the previous step boundary, as (seconds since start, answers).
+    let (mut previous, mut last_mark) = ((0.0, 0u64), (0.0, 0u64));
+    loop {
+        tokio::time::sleep(POLL).await;
+        target.check_running()?;
+        let (answered, errors) = recorder.counts();
+        let now = start.elapsed().as_secs_f64();
+        while next_mark <= to && answered >= next_mark {
+            // When the count crossed the mark, by interpolation between two polls.
+            let share = (next_mark - previous.1) as f64 / (answered - previous.1).max(1) as f64;
+            let at = previous.0 + share * (now - previous.0);
+            let ops = (next_mark - last_mark.1) as f64 / (at - last_mark.0).max(1e-6);
+            run.progress.line(&format!(
+                "{kind}: {} keys after {at:.1} s, {} ops/s",
+                report::ops(next_mark as f64),
+                report::ops(ops)
+            ));
+            steps.push(Step { kind, keys: next_mark, elapsed: at, ops });
+            last_mark = (at, next_mark);
+            // The last step ends at `to` even when `to` is not a multiple of the step.
+            next_mark = if next_mark == to { u64::MAX } else { (next_mark + step).min(to) };
+        }
+        previous = (now, answered);
+        // Every key has been answered or has failed.
+        if answered + errors >= to {
+            break;
+        }
+        run.progress.update(&format!("{kind}: {} keys, {now:.0} s, {errors} errors", report::ops(answered as f64)));
+    }
+    let cpu_after = CpuSample::take(&processes);
+    load.finish().await;
+    let (answered, errors) = recorder.counts();
+    let cpu: f64 = cpu_before.usage_until(&cpu_after).iter().map(|(_, cpu)| cpu).sum();
+    run.say(format!(
+        "{kind}: {} distinct keys written in {:.1} s ({} ops/s overall), {errors} errors; \
+         CPU {cpu:.2}, other processes {:.2}",
+        report::ops(answered as f64),
+        start.elapsed().as_secs_f64(),
+        report::ops(answered as f64 / start.elapsed().as_secs_f64()),
+        cpu_before.others_until(&cpu_after)
+    ));
+    let rss = target.rss_mib();
+    let restart = restart_a_follower(run, &mut target).await?;
+    Ok(Ending { kind, rss, restart })
+}
+
+/// Restarts a follower (cluster node or etcd member) with SIGTERM, on its data directory.
+async fn restart_a_follower(
+    run: &mut Run,
+    target: &mut Target,
+) -> anyhow::Result<Option<(String, Duration, Duration)>> {
+    let kind = target.kind;
+    let restarted = if let Some(cluster) = &mut target.cluster {
+        let leader = cluster.leader().await.unwrap_or(0);
+        let follower = (leader + 1) % crate::cluster::NODES as usize;
+        run.progress.line(&format!("{kind}: restarting follower node{}", cluster.id(follower)));
+        let (stop, ready) = cluster.restart(follower).await?;
+        Some((format!("node{}", cluster.id(follower)), stop, ready))
+    } else if let Some(etcd) = &mut target.etcd {
+        let leader = etcd.leader().await.unwrap_or(0);
+        let follower = (leader + 1) % etcd.processes().len();
+        let name = etcd.processes()[follower].0.clone();
+        run.progress.line(&format!("{kind}: restarting follower {name}"));
+        let (stop, ready) = etcd.restart(follower).await?;
+        Some((name, stop, ready))
+    } else {
+        None
+    };
+    Ok(restarted)
+}
+
+fn report(run: &mut Run, to: u64, steps: &[Step], endings: &[Ending]) -> anyhow::Result<()> {
+    let lines: Vec<Vec<String>> = steps
+        .iter()
+        .map(|s| vec![s.kind.to_string(), s.keys.to_string(), report::csv_number(s.elapsed), report::csv_number(s.ops)])
+        .collect();
+    report::write_csv(&run.out.join("fill.csv"), &["target", "keys", "elapsed_s", "ops_per_s_in_step"], &lines)?;
+
+    let mut table = Table::new(&["target", "keys", "elapsed s", "ops/s in step"]);
+    for s in steps {
+        table.row(vec![
+            s.kind.to_string(),
+            report::ops(s.keys as f64),
+            format!("{:.1}", s.elapsed),
+            report::ops(s.ops),
+        ]);
+    }
+    run.say(format!("fill to {} distinct keys", report::ops(to as f64)));
+    run.say(table.render());
+
+    let mut memory = Table::new(&["target", "process", "RSS MiB"]);
+    let mut memory_lines = Vec::new();
+    for ending in endings {
+        for (name, rss) in &ending.rss {
+            let rss = rss.unwrap_or(f64::NAN);
+            memory.row(vec![ending.kind.to_string(), name.clone(), format!("{rss:.1}")]);
+            memory_lines.push(vec![ending.kind.to_string(), name.clone(), report::csv_number(rss)]);
+        }
+        if let Some((name, stop, ready)) = &ending.restart {
+            run.say(format!(
+                "{}: restart of follower {name}: exited {:.2} s after SIGTERM, ready {:.2} s after its start",
+                ending.kind,
+                stop.as_secs_f64(),
+                ready.as_secs_f64()
+            ));
+        }
+    }
+    run.say("memory after the fill");
+    run.say(memory.render());
+    report::write_csv(&run.out.join("fill_memory.csv"), &["target", "process", "rss_mib"], &memory_lines)?;
+
+    let lines = TargetKind::ALL
+        .iter()
+        .filter(|kind| steps.iter().any(|s| s.kind == **kind))
+        .map(|kind| Line {
+            name: kind.to_string(),
+            points: steps.iter().filter(|s| s.kind == *kind).map(|s| (s.keys as f64, s.ops)).collect(),
+        })
+        .collect();
+    let chart = Chart {
+        title: "Fill: throughput by keys stored".into(),
+        x_label: "distinct keys written".into(),
+        y_label: "ops/s".into(),
+        lines,
+        bands: Vec::new(),
+        x_ticks: None,
+        dots: true,
+    };
+    std::fs::write(run.out.join("fill.svg"), svg::render(&[chart]))?;
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! The modes of the comparison, and what they share: the run (targets, output directory, the
+//! summary printed at the end) and the measurement of one window of load on one target.
+
+mod fill;
+mod partition;
+mod rate;
+mod sustained;
+mod sweep;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use fill::fill;
+pub use partition::partition;
+pub use rate::rate;
+pub use sustained::sustained;
+pub use sweep::sweep;
+
+use crate::load::LoadHandle;
+use crate::processes::CpuSample;
+use crate::report::{self, Progress};
+use crate::stats::{Percentiles, Recorder, Recording};
+use crate::targets::{Setup, Target, TargetKind};
+
+/// One invocation of the benchmark.
+pub struct Run {
+    pub setup: Setup,
+    pub out: PathBuf,
+    pub targets: Vec<TargetKind>,
+    pub keys: u64,
+    pub value_size: usize,
+    pub progress: Progress,
+    /// The report, printed and saved as `summary.txt` at the end.
+    summary: String,
+}
+
+impl Run {
+    pub fn new(setup: Setup, out: PathBuf, targets: Vec<TargetKind>, keys: u64, value_size: usize) -> Run {
+        Run { setup, out, targets, keys, value_size, progress: Progress::new(), summary: String::new() }
+    }
+
+    /// Adds text to the summary.
+    pub fn say(&mut self, text: impl AsRef<str>) {
+        self.summary.push_str(text.as_ref());
+        if !self.summary.ends_with('\n') {
+            self.summary.push('\n');
+        }
+    }
+
+    /// A target that could not be measured: noted in the summary, and the run goes on.
+    fn failed(&mut self, kind: TargetKind, error: anyhow::Error) {
+        let text = format!("{kind}: FAILED: {error:#}");
+        self.progress.line(&text);
+        self.say(text);
+    }
+
+    /// Prints the summary and saves it in the output directory.
+    pub fn finish(&self) -> anyhow::Result<()> {
+        println!("\n{}", self.summary.trim_end());
+        println!("\nresults in {}", self.out.display());
+        std::fs::write(self.out.join("summary.txt"), &self.summary)?;
+        Ok(())
+    }
+}
+
+/// What one window of load on one target measured.
+pub struct Measured {
+    /// Answered requests per second.
+    pub ops: f64,
+    pub latency: Percentiles,
+    pub errors: u64,
+    pub error_samples: Vec<String>,
+    /// CPU seconds per second of each process of the target (the load generator is "bench").
+    pub cpu: Vec<(String, f64)>,
+    /// CPU seconds per second used by other processes on the machine meanwhile (noise).
+    pub cpu_others: f64,
+    /// Requests the leader answered per WAL fsync (cluster only).
+    pub requests_per_fsync: Option<f64>,
+    pub recording: Recording,
+}
+
+impl Measured {
+    /// CPU of the load generator, of the broker (NaN for etcd, which has none), of the servers
+    /// (nodes, etcd members or echo responders) and in total.
+    pub fn cpu_split(&self) -> (f64, f64, f64, f64) {
+        let of = |name: &str| self.cpu.iter().find(|(n, _)| n == name).map_or(f64::NAN, |(_, c)| *c);
+        let total: f64 = self.cpu.iter().map(|(_, c)| c).sum();
+        let servers: f64 = self.cpu.iter().filter(|(n, _)| n != "bench" && n != "broker").map(|(_, c)| c).sum();
+        (of("bench"), of("broker"), servers, total)
+    }
+
+    /// `name=cpu;...` for the CSV.
+    pub fn cpu_detail(&self) -> String {
+        self.cpu.iter().map(|(name, cpu)| format!("{name}={cpu:.3}")).collect::<Vec<_>>().join(";")
+    }
+
+    /// One line for the progress log.
+    pub fn brief(&self) -> String {
+        format!(
+            "{} ops/s, p50 {} ms, p99 {} ms, p99.9 {} ms, {} errors, CPU {:.2} (other processes {:.2})",
+            report::ops(self.ops),
+            report::decimal(self.latency.p50),
+            report::decimal(self.latency.p99),
+            report::decimal(self.latency.p999),
+            self.errors,
+            self.cpu_split().3,
+            self.cpu_others
+        )
+    }
+}
+
+/// Watches a running load through the recorder's window (warm-up first), printing progress
+/// every second, then stops the load. CPU and, on the cluster, the leader's request and fsync
+/// counters are read at both ends of the window.
+async fn measure_window(
+    target: &mut Target,
+    load: LoadHandle,
+    recorder: &Recorder,
+    length: Duration,
+    label: &str,
+    progress: &mut Progress,
+) -> anyhow::Result<Measured> {
+    let start = recorder.from();
+    while Instant::now() < start {
+        progress.update(&format!("{label}: warming up"));
+        tokio::time::sleep(start.saturating_duration_since(Instant::now()).min(Duration::from_secs(1))).await;
+        target.check_running()?;
+    }
+    let processes = target.processes();
+    let cpu_before = CpuSample::take(&processes);
+    let leader = match &target.cluster {
+        Some(cluster) => cluster.leader().await,
+        None => None,
+    };
+    let counters_before = leader_counters(target, leader).await;
+    let end = start + length;
+    let mut last = (Instant::now(), 0);
+    while Instant::now() < end {
+        tokio::time::sleep(end.saturating_duration_since(Instant::now()).min(Duration::from_secs(1))).await;
+        target.check_running()?;
+        let (answered, errors) = recorder.counts();
+        let now = Instant::now();
+        let recent = (answered - last.1) as f64 / now.duration_since(last.0).as_secs_f64().max(1e-3);
+        last = (now, answered);
+        progress.update(&format!(
+            "{label}: {:.0}/{} s, {} ops/s, {errors} errors",
+            now.duration_since(start).as_secs_f64(),
+            length.as_secs(),
+            report::ops(recent)
+        ));
+    }
+    let cpu_after = CpuSample::take(&processes);
+    let (cpu, cpu_others) = (cpu_before.usage_until(&cpu_after), cpu_before.others_until(&cpu_after));
+    let counters_after = leader_counters(target, leader).await;
+    load.finish().await;
+    let recording = recorder.snapshot();
+    let requests_per_fsync = match (counters_before, counters_after) {
+        ((Some(r0), Some(f0)), (Some(r1), Some(f1))) if f1 > f0 => Some((r1 - r0) / (f1 - f0)),
+        _ => None,
+    };
+    Ok(Measured {
+        ops: recording.answered as f64 / length.as_secs_f64(),
+        latency: Percentiles::from(&recording.latencies),
+        errors: recording.errors,
+        error_samples: recording.error_samples.clone(),
+        cpu,
+        cpu_others,
+        requests_per_fsync,
+        recording,
+    })
+}
+
+async fn leader_counters(target: &Target, leader: Option<usize>) -> (Option<f64>, Option<f64>) {
+    match (&target.cluster, leader) {
+        (Some(cluster), Some(index)) => cluster.leader_counters(index).await,
+        _ => (None, None),
+    }
+}
+
+/// The first few error descriptions of a measurement, for the summary.
+fn error_note(label: &str, errors: u64, samples: &[String]) -> Option<String> {
+    (errors > 0).then(|| {
+        let mut note = format!("{label}: {errors} errors, first ones:");
+        for sample in samples {
+            note.push_str(&format!("\n    {sample}"));
+        }
+        note
+    })
+}
+
+/// A closed loop of `inflight` slots on `target`, measured for `length` after `warmup`.
+async fn measure_closed(
+    run: &mut Run,
+    target: &mut Target,
+    workload: &Arc<crate::load::Workload>,
+    inflight: usize,
+    warmup: Duration,
+    length: Duration,
+) -> anyhow::Result<Measured> {
+    let recorder = Arc::new(Recorder::new(Instant::now() + warmup, length, false));
+    let load = crate::load::start_closed(target.client.clone(), workload.clone(), inflight, recorder.clone());
+    let label = format!("{} {inflight} in flight", target.kind);
+    let measured = measure_window(target, load, &recorder, length, &label, &mut run.progress).await?;
+    run.progress.line(&format!("{label}: {}", measured.brief()));
+    Ok(measured)
+}

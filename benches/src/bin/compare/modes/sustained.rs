@@ -1,0 +1,126 @@
+//! `sustained`: a long closed loop at 16 in flight with the usual message expiry; throughput
+//! every second and the latency tail every minute, to see whether anything degrades (a growing
+//! log, compaction, memory) between the first minute and the last.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{error_note, measure_closed, Measured, Run};
+use crate::load::Workload;
+use crate::report::{self, Table};
+use crate::stats::Percentiles;
+use crate::svg::{self, Chart, Line};
+use crate::targets::{Target, TargetKind};
+
+const WARMUP: Duration = Duration::from_secs(2);
+
+pub async fn sustained(run: &mut Run, minutes: u64, inflight: usize) -> anyhow::Result<()> {
+    let workload = Arc::new(Workload::random_keys(run.keys, run.value_size));
+    let length = Duration::from_secs(minutes.max(1) * 60);
+    let mut results = Vec::new();
+    for kind in run.targets.clone() {
+        run.progress.line(&format!("{kind}: starting, {minutes} min at {inflight} in flight"));
+        let measured = async {
+            let mut target = Target::start(kind, &run.setup, inflight, false).await?;
+            measure_closed(run, &mut target, &workload, inflight, WARMUP, length).await
+        }
+        .await;
+        match measured {
+            Ok(measured) => results.push((kind, measured)),
+            Err(error) => run.failed(kind, error),
+        }
+    }
+    report(run, inflight, &results)
+}
+
+/// Per minute: answers per second and the latency percentiles.
+fn minutes(measured: &Measured) -> Vec<(f64, Percentiles, u64)> {
+    let recording = &measured.recording;
+    recording
+        .minutes
+        .iter()
+        .enumerate()
+        .map(|(minute, latencies)| {
+            let seconds = recording.seconds.iter().skip(minute * 60).take(60);
+            let (count, errors) = seconds.fold((0, 0), |(n, e), s| (n + 1, e + s.errors));
+            (latencies.count() as f64 / f64::from(count.max(1)), Percentiles::from(latencies), errors)
+        })
+        .collect()
+}
+
+fn report(run: &mut Run, inflight: usize, results: &[(TargetKind, Measured)]) -> anyhow::Result<()> {
+    let mut per_second = Vec::new();
+    let mut per_minute = Vec::new();
+    let mut table = Table::new(&["target", "minute", "ops/s", "p50 ms", "p99 ms", "p99.9 ms", "errors"]);
+    let mut drift =
+        Table::new(&["target", "ops/s last/first", "p99 last/first", "p99.9 last/first", "CPU total", "others"]);
+    for (kind, measured) in results {
+        for (second, s) in measured.recording.seconds.iter().enumerate() {
+            per_second.push(vec![kind.to_string(), second.to_string(), s.answered.to_string(), s.errors.to_string()]);
+        }
+        let by_minute = minutes(measured);
+        for (minute, (ops, p, errors)) in by_minute.iter().enumerate() {
+            table.row(vec![
+                kind.to_string(),
+                (minute + 1).to_string(),
+                report::ops(*ops),
+                report::decimal(p.p50),
+                report::decimal(p.p99),
+                report::decimal(p.p999),
+                errors.to_string(),
+            ]);
+            per_minute.push(vec![
+                kind.to_string(),
+                (minute + 1).to_string(),
+                report::csv_number(*ops),
+                report::csv_number(p.p50),
+                report::csv_number(p.p99),
+                report::csv_number(p.p999),
+                errors.to_string(),
+            ]);
+        }
+        if let (Some(first), Some(last)) = (by_minute.first(), by_minute.last()) {
+            drift.row(vec![
+                kind.to_string(),
+                format!("{:.3}", last.0 / first.0),
+                format!("{:.3}", last.1.p99 / first.1.p99),
+                format!("{:.3}", last.1.p999 / first.1.p999),
+                report::decimal(measured.cpu_split().3),
+                report::decimal(measured.cpu_others),
+            ]);
+        }
+    }
+    run.say(format!("sustained: closed loop at {inflight} in flight, per minute"));
+    run.say(table.render());
+    run.say("last minute vs first minute");
+    run.say(drift.render());
+    for (kind, measured) in results {
+        if let Some(note) = error_note(&kind.to_string(), measured.errors, &measured.error_samples) {
+            run.say(note);
+        }
+    }
+    report::write_csv(&run.out.join("sustained.csv"), &["target", "second", "answered", "errors"], &per_second)?;
+    report::write_csv(
+        &run.out.join("sustained_minutes.csv"),
+        &["target", "minute", "ops_per_s", "p50_ms", "p99_ms", "p999_ms", "errors"],
+        &per_minute,
+    )?;
+    let lines = results
+        .iter()
+        .map(|(kind, measured)| Line {
+            name: kind.to_string(),
+            points: measured.recording.seconds.iter().enumerate().map(|(s, x)| (s as f64, x.answered as f64)).collect(),
+        })
+        .collect();
+    let chart = Chart {
+        title: format!("Sustained load, {inflight} in flight"),
+        x_label: "seconds".into(),
+        y_label: "answers per second".into(),
+        lines,
+        bands: Vec::new(),
+        x_ticks: None,
+        dots: false,
+    };
+    std::fs::write(run.out.join("sustained.svg"), svg::render(&[chart]))?;
+    Ok(())
+}

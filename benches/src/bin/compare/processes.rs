@@ -1,0 +1,234 @@
+//! Child processes the benchmark starts (broker, nodes, etcd members, the echo responder) and
+//! what it reads about processes from /proc: CPU time and resident memory.
+//!
+//! Every child is owned by a [`Process`], which stops it when dropped, so an error, a panic or
+//! Ctrl-C (which drops the running mode) never leaves a process behind. Children also get
+//! `PR_SET_PDEATHSIG`, so they die with the benchmark even if it is killed with SIGKILL.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+/// How long a stopped child may take to exit after SIGTERM before it gets SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// A running child process, stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct Process {
+    name: String,
+    child: Child,
+    exited: Option<ExitStatus>,
+}
+
+impl Process {
+    /// Starts `command` with stdout and stderr appended to `log`. The child gets its own process
+    /// group, so a Ctrl-C in the terminal reaches only the benchmark, which then stops it.
+    pub fn spawn(name: impl Into<String>, mut command: Command, log: &Path) -> anyhow::Result<Process> {
+        let name = name.into();
+        let output = append(log)?;
+        command.stdin(Stdio::null()).stdout(output.try_clone()?).stderr(output).process_group(0);
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn().with_context(|| format!("starting {name} ({command:?})"))?;
+        Ok(Process { name, child, exited: None })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Fails when the process has already exited: a server that died is an error, not a result.
+    pub fn check_running(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            self.exited = Some(status);
+            bail!("{} exited unexpectedly ({status})", self.name);
+        }
+        Ok(())
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`; returns once the process is gone.
+    pub fn stop(&mut self, grace: Duration) -> ExitStatus {
+        if let Some(status) = self.exited {
+            return status;
+        }
+        signal(self.child.id(), libc::SIGTERM);
+        let deadline = Instant::now() + grace;
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                _ => {
+                    let _ = self.child.kill();
+                    match self.child.wait() {
+                        Ok(status) => break status,
+                        // Not our child any more (already reaped): nothing left to stop.
+                        Err(_) => break ExitStatus::default(),
+                    }
+                }
+            }
+        };
+        self.exited = Some(status);
+        status
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.stop(STOP_GRACE);
+    }
+}
+
+fn signal(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill(2) with a pid we own; a stale pid only yields ESRCH.
+    unsafe {
+        libc::kill(pid as libc::pid_t, signal);
+    }
+}
+
+fn append(path: &Path) -> anyhow::Result<File> {
+    OpenOptions::new().create(true).append(true).open(path).with_context(|| format!("opening {}", path.display()))
+}
+
+/// CPU time (user + system, all threads) a process has used so far, in seconds.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_cpu_ticks(&stat).map(|ticks| ticks as f64 / clock_ticks_per_second())
+}
+
+/// utime + stime from the text of /proc/<pid>/stat (fields 14 and 15). The command name in
+/// field 2 may contain spaces and parentheses, so fields are counted after its closing `)`.
+fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_name.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 {
+        ticks as f64
+    } else {
+        100.0
+    }
+}
+
+/// Resident memory of a process in MiB (VmRSS of /proc/<pid>/status).
+pub fn rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Waits until something accepts TCP connections on the loopback `port`.
+pub async fn wait_for_port(port: u16, timeout: Duration, what: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+        if Instant::now() > deadline {
+            bail!("{what} did not listen on 127.0.0.1:{port} within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// CPU time the whole machine has been busy (all CPUs, everything but idle and I/O wait), in
+/// seconds, from the first line of /proc/stat.
+fn machine_busy_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    parse_busy_ticks(stat.lines().next()?).map(|ticks| ticks as f64 / clock_ticks_per_second())
+}
+
+/// user + nice + system + irq + softirq + steal of a `cpu ...` line of /proc/stat.
+fn parse_busy_ticks(line: &str) -> Option<u64> {
+    let fields: Vec<u64> =
+        line.strip_prefix("cpu ")?.split_whitespace().map(|f| f.parse().ok()).collect::<Option<_>>()?;
+    let [user, nice, system, _idle, _iowait, irq, softirq, steal, ..] = fields[..] else { return None };
+    Some(user + nice + system + irq + softirq + steal)
+}
+
+/// CPU seconds of a set of named processes, and of the whole machine, at one moment.
+#[derive(Debug, Clone)]
+pub struct CpuSample {
+    at: Instant,
+    seconds: Vec<(String, Option<f64>)>,
+    machine: Option<f64>,
+}
+
+impl CpuSample {
+    pub fn take(processes: &[(String, u32)]) -> CpuSample {
+        let seconds = processes.iter().map(|(name, pid)| (name.clone(), cpu_seconds(*pid))).collect();
+        CpuSample { at: Instant::now(), seconds, machine: machine_busy_seconds() }
+    }
+
+    /// CPU seconds per second the machine spent on anything but the listed processes between
+    /// `self` and `end`: other work that competed with the measurement (NaN if unreadable).
+    pub fn others_until(&self, end: &CpuSample) -> f64 {
+        let listed: f64 = self.usage_until(end).iter().map(|(_, cpu)| cpu).sum();
+        let wall = end.at.duration_since(self.at).as_secs_f64().max(1e-9);
+        match (self.machine, end.machine) {
+            (Some(before), Some(after)) => ((after - before) / wall - listed).max(0.0),
+            _ => f64::NAN,
+        }
+    }
+
+    /// CPU seconds per wall-clock second of each process between `self` and the later `end`
+    /// (same processes in the same order); NaN where a process was not readable.
+    pub fn usage_until(&self, end: &CpuSample) -> Vec<(String, f64)> {
+        let wall = end.at.duration_since(self.at).as_secs_f64().max(1e-9);
+        self.seconds
+            .iter()
+            .zip(&end.seconds)
+            .map(|((name, before), (_, after))| {
+                let used = match (before, after) {
+                    (Some(before), Some(after)) => (after - before) / wall,
+                    _ => f64::NAN,
+                };
+                (name.clone(), used)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_are_counted_after_the_command_name() {
+        let stat = "4242 (a (weird) name) S 1 4242 4242 0 -1 4194304 100 0 0 0 1234 567 0 0 20 0 3 0 99 0 0";
+        assert_eq!(parse_cpu_ticks(stat), Some(1234 + 567));
+        assert_eq!(parse_cpu_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn machine_busy_time_leaves_out_idle_and_io_wait() {
+        assert_eq!(parse_busy_ticks("cpu  100 5 50 1000 20 1 2 3 0 0"), Some(100 + 5 + 50 + 1 + 2 + 3));
+        assert_eq!(parse_busy_ticks("cpu0 100 5 50 1000 20 1 2 3 0 0"), None, "the total line only");
+        assert_eq!(parse_busy_ticks("cpu  1 2"), None);
+    }
+
+    #[test]
+    fn this_process_has_cpu_time_and_memory() {
+        let pid = std::process::id();
+        assert!(cpu_seconds(pid).is_some());
+        assert!(rss_mib(pid).unwrap() > 0.0);
+    }
+}
