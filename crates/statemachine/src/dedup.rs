@@ -5,6 +5,7 @@ use statestore_protocol::Response;
 
 use crate::codec::{pair_key, split_timed_key, timed_key, Reader, Writer};
 use crate::entry::{Reply, RequestIdentity};
+use crate::meta;
 use crate::storage::{StorageError, StorageRead, Table, Txn};
 
 fn dedup_key(identity: &RequestIdentity) -> Vec<u8> {
@@ -41,17 +42,24 @@ pub(crate) fn remember(
 }
 
 /// Forgets up to `limit` entries whose retention ended at or before `now`, oldest first.
+///
+/// Reading starts after the last index key purged before: deletions stay in RocksDB as
+/// tombstones until compaction, and a scan from the start of the index would step over all of
+/// them on every apply (a purge that costs more the longer the store runs). New index keys are
+/// always past that point: they are retained until a later time than anything already purged.
 pub(crate) fn purge(txn: &mut impl Txn, now: u64, limit: usize) -> Result<usize, StorageError> {
     let mut purged = 0;
+    let cursor = meta::dedup_purged_through(txn)?;
     // Usually nothing is due: look at the oldest entry before reading a whole page.
-    let oldest = txn.scan(Table::DedupExpiry, &[], None, 1)?;
+    let oldest = txn.scan(Table::DedupExpiry, &[], cursor.as_deref(), 1)?;
     if oldest
         .first()
         .is_none_or(|(index_key, _)| split_timed_key(Table::DedupExpiry, index_key).is_ok_and(|(t, _)| t > now))
     {
         return Ok(0);
     }
-    for (index_key, _) in txn.scan(Table::DedupExpiry, &[], None, limit)? {
+    let mut last_purged = None;
+    for (index_key, _) in txn.scan(Table::DedupExpiry, &[], cursor.as_deref(), limit)? {
         let (retain_until, key) = split_timed_key(Table::DedupExpiry, &index_key)?;
         if retain_until > now {
             break;
@@ -64,8 +72,12 @@ pub(crate) fn purge(txn: &mut impl Txn, now: u64, limit: usize) -> Result<usize,
                 txn.delete(Table::Dedup, key.to_vec());
             }
         }
-        txn.delete(Table::DedupExpiry, index_key);
+        txn.delete(Table::DedupExpiry, index_key.clone());
+        last_purged = Some(index_key);
         purged += 1;
+    }
+    if let Some(index_key) = last_purged {
+        meta::set_dedup_purged_through(txn, index_key);
     }
     Ok(purged)
 }
