@@ -81,3 +81,38 @@ pub(crate) fn purge(txn: &mut impl Txn, now: u64, limit: usize) -> Result<usize,
     }
     Ok(purged)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{MemStorage, Overlay, Storage};
+
+    fn identity(n: u8) -> RequestIdentity {
+        RequestIdentity { response_topic: "clients/c/response".into(), correlation_data: vec![n; 16] }
+    }
+
+    #[test]
+    fn purges_continue_after_the_last_purged_key_and_forget_only_what_is_due() {
+        let mut storage = MemStorage::new();
+        let reply = Reply { response: Response::Ok, version: None };
+        let mut txn = Overlay::new(&storage);
+        for n in 0..10u8 {
+            remember(&mut txn, &identity(n), &reply, 1_000 + u64::from(n)).unwrap();
+        }
+        let batch = txn.into_batch();
+        storage.write(batch).unwrap();
+
+        let mut txn = Overlay::new(&storage);
+        assert_eq!(purge(&mut txn, 1_004, 3).unwrap(), 3, "at most the limit");
+        assert_eq!(meta::dedup_purged_through(&txn).unwrap(), Some(timed_key(1_002, &dedup_key(&identity(2)))));
+        assert_eq!(purge(&mut txn, 1_004, 10).unwrap(), 2, "the next purge starts after the cursor");
+        assert_eq!(purge(&mut txn, 1_004, 10).unwrap(), 0, "nothing else is due");
+        for n in 0..10u8 {
+            assert_eq!(lookup(&txn, &identity(n)).unwrap().is_some(), n > 4, "request {n}");
+        }
+        // A request remembered now is retained past everything purged: the cursor never skips it.
+        remember(&mut txn, &identity(20), &reply, 2_000).unwrap();
+        assert_eq!(purge(&mut txn, 2_000, 100).unwrap(), 6);
+        assert!(lookup(&txn, &identity(20)).unwrap().is_none());
+    }
+}
