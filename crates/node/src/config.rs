@@ -413,6 +413,16 @@ mod tests {
     }
 
     #[test]
+    fn peer_routes_parse_and_bad_ones_name_the_flag() {
+        let config = NodeConfig::from_args(args(&["--id", "1", "--peer-routes", "2=http://proxy:9002/"])).unwrap();
+        assert_eq!(config.peer_routes.get(&2).map(String::as_str), Some("http://proxy:9002"));
+        assert!(NodeConfig::from_args(args(&["--id", "1"])).unwrap().peer_routes.is_empty());
+        let wrong = NodeConfig::from_args(args(&["--id", "1", "--peer-routes", "2=ftp://proxy"])).unwrap_err();
+        assert!(matches!(wrong, ConfigError::PeerRoutes(_)), "{wrong:?}");
+        assert!(wrong.to_string().starts_with("--peer-routes: "), "{wrong}");
+    }
+
+    #[test]
     fn log_format_is_text_or_json() {
         assert!(!NodeConfig::from_args(args(&["--id", "1"])).unwrap().log_json);
         assert!(!NodeConfig::from_args(args(&["--id", "1", "--log-format", "text"])).unwrap().log_json);

@@ -107,6 +107,14 @@ impl Inbound {
         })
     }
 
+    /// The command's verb for metric labels; `INVALID` for a request that is not a command.
+    pub fn verb(&self) -> &'static str {
+        match &self.body {
+            Body::Command(request) => request.command.verb(),
+            _ => "INVALID",
+        }
+    }
+
     /// (response topic, correlation data): the same pair again is the same request.
     pub fn identity(&self) -> Option<RequestIdentity> {
         Some(RequestIdentity {

@@ -293,10 +293,7 @@ impl FrontEnd {
 
     fn answered(&self, completion: Completion, reply: Reply) {
         if let Completion::Respond(request) = completion {
-            let command = match &request.inbound.body {
-                Body::Command(r) => r.command.verb(),
-                _ => "INVALID",
-            };
+            let command = request.inbound.verb();
             self.respond(&request, 200, reply, command);
             self.ack(&request);
         }
@@ -308,10 +305,7 @@ impl FrontEnd {
                 if applied.deduplicated {
                     self.metrics.dedup_hits.inc();
                 }
-                let command = match &request.inbound.body {
-                    Body::Command(r) => r.command.verb(),
-                    _ => "INVALID",
-                };
+                let command = request.inbound.verb();
                 self.respond(&request, 200, applied.reply, command);
                 self.ack(&request);
             }
