@@ -26,6 +26,7 @@ fn config(id: u64, port: u16, members: &str, dir: &std::path::Path) -> NodeConfi
         election_min: Duration::from_millis(150),
         election_max: Duration::from_millis(300),
         snapshot_every: 10_000,
+        snapshot_log_bytes: statestore_node::config::DEFAULT_SNAPSHOT_LOG_BYTES,
         logs_kept: 1_000,
         log: "warn".into(),
         log_json: false,

@@ -46,9 +46,14 @@ pub struct Args {
     /// Upper bound of the randomized election timeout in milliseconds. Default 300.
     #[arg(long, env = "STATESTORE_ELECTION_MAX_MS")]
     pub election_max_ms: Option<u64>,
-    /// Build a snapshot after this many entries since the last one. Default 10000.
+    /// Build a snapshot after this many entries since the last one (but not before the log
+    /// since then holds half the last snapshot's bytes). Default 10000.
     #[arg(long, env = "STATESTORE_SNAPSHOT_EVERY")]
     pub snapshot_every: Option<u64>,
+    /// Also build a snapshot once the log has grown by this many bytes since the last one.
+    /// Default 67108864 (64 MiB).
+    #[arg(long, env = "STATESTORE_SNAPSHOT_LOG_BYTES")]
+    pub snapshot_log_bytes: Option<u64>,
     /// Entries kept in the log below the latest snapshot, for slightly lagging followers. Default 1000.
     #[arg(long, env = "STATESTORE_LOGS_KEPT")]
     pub logs_kept: Option<u64>,
@@ -113,6 +118,7 @@ struct FileConfig {
     election_min_ms: Option<u64>,
     election_max_ms: Option<u64>,
     snapshot_every: Option<u64>,
+    snapshot_log_bytes: Option<u64>,
     logs_kept: Option<u64>,
     log: Option<String>,
     log_format: Option<String>,
@@ -144,6 +150,8 @@ pub struct NodeConfig {
     pub election_min: Duration,
     pub election_max: Duration,
     pub snapshot_every: u64,
+    /// Log bytes since the last snapshot that trigger the next.
+    pub snapshot_log_bytes: u64,
     pub logs_kept: u64,
     pub log: String,
     /// Log lines as JSON objects instead of text.
@@ -193,6 +201,9 @@ pub enum ConfigError {
     Broker(String),
 }
 
+/// The default of `--snapshot-log-bytes`.
+pub const DEFAULT_SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
+
 impl NodeConfig {
     pub fn from_args(args: Args) -> Result<NodeConfig, ConfigError> {
         let file = match &args.config {
@@ -238,6 +249,10 @@ impl NodeConfig {
             election_min: Duration::from_millis(args.election_min_ms.or(file.election_min_ms).unwrap_or(150)),
             election_max: Duration::from_millis(args.election_max_ms.or(file.election_max_ms).unwrap_or(300)),
             snapshot_every: args.snapshot_every.or(file.snapshot_every).unwrap_or(10_000),
+            snapshot_log_bytes: args
+                .snapshot_log_bytes
+                .or(file.snapshot_log_bytes)
+                .unwrap_or(DEFAULT_SNAPSHOT_LOG_BYTES),
             logs_kept: args.logs_kept.or(file.logs_kept).unwrap_or(1_000),
             log: args.log.or(file.log).unwrap_or_else(|| "info".to_string()),
             log_json: match args.log_format.or(file.log_format).as_deref() {
@@ -264,6 +279,9 @@ impl NodeConfig {
         }
         if self.snapshot_every == 0 {
             return timings("--snapshot-every must be positive");
+        }
+        if self.snapshot_log_bytes == 0 {
+            return timings("--snapshot-log-bytes must be positive");
         }
         Ok(())
     }

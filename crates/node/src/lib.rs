@@ -7,14 +7,18 @@
 //!   [`ExecuteError::ForwardToLeader`].
 //! - [`pipeline`]: the one request path: batches writes into log entries, answers in order,
 //!   shares leadership confirmations between reads.
+//! - [`leader`]: leader duties beside the pipeline: the leadership watch, the expiry sweeper,
+//!   notification publishing through a [`leader::NotificationSink`], outbox confirmation and
+//!   registration drops.
 //! - [`http`]: the axum server — Raft RPC, the cluster API, health, readiness, metrics, commands.
 //! - [`metrics`]: the Prometheus registry and Raft gauges.
-//! - [`mqtt`]: the MQTT5 front end — the state store protocol through a broker, the follower
-//!   shadow, notifications and the expiry sweeper.
+//! - [`mqtt`]: the MQTT5 front end — an adapter from the broker to the pipeline: the state
+//!   store protocol, the follower shadow, and the notification sink.
 //! - [`server`]: runs a node until SIGTERM or SIGINT.
 
 pub mod config;
 pub mod http;
+pub mod leader;
 pub mod metrics;
 pub mod mqtt;
 pub mod node;

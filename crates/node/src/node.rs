@@ -2,6 +2,7 @@
 //! execute commands — [`Node::execute`] hands requests to the node's [`Pipeline`].
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -12,6 +13,7 @@ use statestore_raft::{NetworkFactory, Node as RaftNode, NodeId, Raft, StateReade
 use statestore_statemachine::{Applied, ClientRequest, Config as MachineConfig, Entry, Operation, Reply};
 
 use crate::config::NodeConfig;
+use crate::leader::Leader;
 use crate::metrics::Metrics;
 use crate::pipeline::{Outcome, Pipeline, Work};
 
@@ -72,8 +74,12 @@ pub struct Node {
     pub metrics: Metrics,
     /// The request path every front end and leader duty submits to.
     pub pipeline: Pipeline,
+    /// What this node does while it leads: expiry, notification publishing and confirmation.
+    pub leader: Leader,
     /// Whether the MQTT front end is connected to its broker, once it is started.
     pub broker_connected: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>>,
+    /// The applied index the last `request_snapshot` asked a snapshot to cover.
+    snapshot_wanted: Arc<AtomicU64>,
 }
 
 impl Node {
@@ -89,7 +95,8 @@ impl Node {
             election_timeout_max: config.election_max.as_millis() as u64,
             // Bounds one append request: with 1 MiB values, 64 entries stay under the body limit.
             max_payload_entries: 64,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every),
+            // Snapshots are triggered by this node (`snapshot_policy`), by entries and by bytes.
+            snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: config.logs_kept,
             ..Default::default()
         };
@@ -97,6 +104,7 @@ impl Node {
         let network = NetworkFactory::new(config.heartbeat, config.peer_routes.clone())?;
         let raft = Raft::new(config.id, raft_config, network, storage.log, storage.state).await?;
         let pipeline = Pipeline::start(raft.clone(), storage.reader.clone(), metrics.clone());
+        let leader = Leader::start(raft.clone(), pipeline.clone(), storage.reader.clone(), &metrics.registry)?;
         let node = Arc::new(Node {
             id: config.id,
             advertise: config.advertise.clone(),
@@ -104,9 +112,18 @@ impl Node {
             reader: storage.reader,
             metrics,
             pipeline,
+            leader,
             broker_connected: std::sync::OnceLock::new(),
+            snapshot_wanted: Arc::new(AtomicU64::new(0)),
         });
         node.metrics.watch(node.clone());
+        tokio::spawn(snapshot_policy(
+            node.raft.clone(),
+            node.reader.clone(),
+            node.snapshot_wanted.clone(),
+            config.snapshot_every,
+            config.snapshot_log_bytes,
+        ));
         node.bootstrap(&config.initial_members, &config.peer_routes).await?;
         Ok(node)
     }
@@ -190,7 +207,18 @@ impl Node {
                 Outcome::Written(_) => Err(ExecuteError::Storage("a read was answered as a write".into())),
             };
         }
-        match self.reader.read(request, now_ms()) {
+        let installing = || {
+            ExecuteError::Unavailable("this node is installing a snapshot; read from the leader or try again".into())
+        };
+        if self.reader.installing_snapshot() {
+            return Err(installing());
+        }
+        let read = self.reader.read(request, now_ms());
+        // An install that began during the read may have shown it a partly cleared keyspace.
+        if self.reader.installing_snapshot() {
+            return Err(installing());
+        }
+        match read {
             Ok(Some(reply)) => Ok(reply),
             Ok(None) => Err(ExecuteError::Storage("only GET and SCAN are reads".into())),
             Err(e) => Err(ExecuteError::Storage(e.to_string())),
@@ -207,6 +235,66 @@ impl Node {
     pub async fn shutdown(&self) {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft did not stop cleanly");
+        }
+    }
+}
+
+impl Node {
+    /// Asks for a snapshot covering at least everything applied now, whatever the policy says,
+    /// and returns that applied index. A build already running may end below it: the policy
+    /// then asks again until a snapshot covers it, so a request is never lost.
+    pub async fn request_snapshot(&self) -> Result<u64, openraft::error::Fatal<NodeId>> {
+        let applied = self.raft.metrics().borrow().last_applied.map_or(0, |id| id.index);
+        self.snapshot_wanted.fetch_max(applied, Ordering::SeqCst);
+        self.raft.trigger().snapshot().await?;
+        Ok(applied)
+    }
+}
+
+/// How often the snapshot policy looks at the log.
+const SNAPSHOT_CHECK_EVERY: Duration = Duration::from_millis(200);
+
+/// Builds a snapshot (and so purges the log below it) once `every_entries` entries were applied
+/// since the last one, or the log grew by `every_bytes` bytes (a few large values fill a disk
+/// long before the entry count is reached), but never before the log written since the last
+/// snapshot holds half that snapshot's size: a snapshot rewrites the whole state, so without
+/// that bound a large store would spend more on snapshots the larger it grows. With it, building
+/// snapshots writes at most about twice what the log does. A snapshot asked for through
+/// `Node::request_snapshot` is triggered until one covers the index it was asked at.
+async fn snapshot_policy(
+    raft: Raft,
+    reader: StateReader,
+    wanted: Arc<AtomicU64>,
+    every_entries: u64,
+    every_bytes: u64,
+) {
+    let mut tick = tokio::time::interval(SNAPSHOT_CHECK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let (applied, snapshot) = {
+            let metrics = raft.metrics();
+            let metrics = metrics.borrow();
+            (metrics.last_applied.map_or(0, |id| id.index), metrics.snapshot.map_or(0, |id| id.index))
+        };
+        if wanted.load(Ordering::SeqCst) > snapshot {
+            // Triggering while a build runs does nothing, so this repeats until one covers it.
+            if raft.trigger().snapshot().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let log = reader.log_bytes();
+        let (entries, bytes) = (applied.saturating_sub(snapshot), log.since_snapshot());
+        let due = entries >= every_entries || bytes >= every_bytes;
+        if !due || bytes < log.snapshot_size() / 2 {
+            continue;
+        }
+        tracing::info!(entries, bytes, last_snapshot_bytes = log.snapshot_size(), "building a snapshot");
+        // Counted from now, so a build that takes a while is not asked for again meanwhile.
+        log.snapshot_taken();
+        if raft.trigger().snapshot().await.is_err() {
+            return;
         }
     }
 }

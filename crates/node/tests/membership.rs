@@ -127,3 +127,51 @@ async fn a_learner_joins_a_loaded_cluster_is_promoted_and_a_member_is_removed() 
         assert_local_state(&cluster, id, &written).await;
     }
 }
+
+/// Waits until node `id` reports a snapshot covering `index`.
+async fn wait_snapshot_covering(cluster: &Cluster, id: u64, index: u64) {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let snapshot = cluster.status(id).await.unwrap()["snapshot_index"].as_u64().unwrap();
+        if snapshot >= index {
+            return;
+        }
+        assert!(Instant::now() < until, "node {id} built no snapshot covering {index}\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_are_taken_by_log_bytes_and_on_request() {
+    // The entry count alone would never trigger one.
+    let cluster = Cluster::start(3, &["--snapshot-every", "1000000", "--snapshot-log-bytes", "262144"]).await;
+    let leader = cluster.wait_leader().await;
+    for id in 1..=3 {
+        assert_eq!(cluster.status(id).await.unwrap()["snapshot_index"].as_u64(), Some(0), "node {id}");
+    }
+    // 40 values of 16 KiB: 640 KiB of log, past the 256 KiB limit, in far fewer entries.
+    let value = "x".repeat(16 << 10);
+    for i in 0..40 {
+        let answer = cluster.set_anywhere(&format!("big-{i}"), &value, DEADLINE).await;
+        assert_eq!(answer.response, Response::Ok);
+    }
+    for id in 1..=3 {
+        wait_snapshot_covering(&cluster, id, 1).await;
+    }
+
+    // On request, on a follower: it snapshots what it has applied since, even when a build
+    // triggered by bytes is still running and ends below that.
+    cluster.set_anywhere("one-more", "v", DEADLINE).await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let committed = cluster.status(leader).await.unwrap()["committed_index"].as_u64().unwrap();
+    cluster.wait_applied(follower, committed).await;
+    let url = format!("{}/cluster/snapshot", cluster.url(follower));
+    let response = cluster.http.post(url).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 202);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["requested"], true);
+    assert!(body["applied_index"].as_u64().unwrap() >= committed, "{body}");
+    wait_snapshot_covering(&cluster, follower, committed).await;
+    let metrics = cluster.metrics(follower).await;
+    assert!(metric(&metrics, "statestore_snapshots_total{kind=\"built\"}").unwrap() >= 2.0, "{metrics}");
+}

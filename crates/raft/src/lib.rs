@@ -6,7 +6,8 @@
 //! - [`db`]: the one RocksDB per node and its column families.
 //! - [`log_store`]: the log (fsynced before openraft is told it is on disk) and the vote.
 //! - [`state_store`]: apply (one write batch per call), snapshot build and install.
-//! - [`snapshot`]: the snapshot byte format and the file that keeps the latest snapshot.
+//! - [`snapshot`]: the snapshot byte format, streamed to and from files, and the directory that
+//!   keeps the latest snapshot.
 //! - [`network`]: the HTTP client side of the Raft RPCs; [`wire`]: their encoding.
 //! - [`metrics`]: fsync, apply and snapshot metrics.
 
@@ -25,7 +26,7 @@ pub mod wire;
 
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rocksdb::DB;
@@ -46,6 +47,44 @@ pub enum OpenError {
     Db { path: String, source: rocksdb::Error },
     #[error("preparing {path}: {source}")]
     Io { path: String, source: io::Error },
+    #[error("snapshots in {path}: {detail}")]
+    Snapshot { path: String, detail: String },
+}
+
+/// Log bytes appended since this node started, and their count when the latest snapshot here
+/// was built or installed: a node whose log grows by bytes faster than by entries (large
+/// values) snapshots, and so purges, by bytes too.
+#[derive(Debug, Default)]
+pub struct LogBytes {
+    appended: AtomicU64,
+    at_snapshot: AtomicU64,
+    /// Bytes of the latest snapshot's data file.
+    snapshot_size: AtomicU64,
+}
+
+impl LogBytes {
+    pub(crate) fn add(&self, bytes: u64) {
+        self.appended.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Marks a snapshot taken now: what was appended before is in it.
+    pub fn snapshot_taken(&self) {
+        self.at_snapshot.store(self.appended.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    /// Bytes appended to the log since the latest snapshot (or since this node started).
+    pub fn since_snapshot(&self) -> u64 {
+        self.appended.load(Ordering::Relaxed).saturating_sub(self.at_snapshot.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn set_snapshot_size(&self, bytes: u64) {
+        self.snapshot_size.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes of the latest snapshot built or installed here (0 before the first).
+    pub fn snapshot_size(&self) -> u64 {
+        self.snapshot_size.load(Ordering::Relaxed)
+    }
 }
 
 /// A node's storage: the two halves openraft owns, and a reader for the node itself.
@@ -65,13 +104,31 @@ pub fn open(data_dir: &Path, config: Config, metrics: StorageMetrics) -> Result<
     let db_path = data_dir.join("db");
     let db = db::open(&db_path).map_err(|source| OpenError::Db { path: db_path.display().to_string(), source })?;
     let snapshot_path = data_dir.join("snapshots");
-    let snapshots = snapshot::SnapshotDir::new(&snapshot_path).map_err(io_error(&snapshot_path))?;
+    let snapshots = snapshot::SnapshotDir::new(&snapshot_path)
+        .map_err(|e| OpenError::Snapshot { path: snapshot_path.display().to_string(), detail: e.to_string() })?;
+    state_store::resume_install(&db, &snapshots)
+        .map_err(|e| OpenError::Snapshot { path: snapshot_path.display().to_string(), detail: e.to_string() })?;
     let committed = Arc::new(AtomicU64::new(0));
+    let log_bytes = Arc::new(LogBytes::default());
+    if let Ok(Some((_, data))) = snapshots.current() {
+        log_bytes.set_snapshot_size(std::fs::metadata(data).map_or(0, |m| m.len()));
+    }
+    let installing = Arc::new(AtomicBool::new(false));
     let (applied_requests, _) = broadcast::channel(APPLIED_FEED_CAPACITY);
     let machine = StateMachine::new(config);
-    let log = LogStore::new(db.clone(), metrics.clone(), committed.clone()).map_err(io_error(data_dir))?;
-    let state = StateStore::new(db.clone(), machine.clone(), snapshots, metrics, applied_requests.clone());
-    Ok(NodeStorage { log, state, reader: StateReader { db, machine, committed, applied_requests } })
+    let log =
+        LogStore::new(db.clone(), metrics.clone(), committed.clone(), log_bytes.clone()).map_err(io_error(data_dir))?;
+    let state = StateStore::new(
+        db.clone(),
+        machine.clone(),
+        snapshots,
+        metrics,
+        applied_requests.clone(),
+        log_bytes.clone(),
+        installing.clone(),
+    );
+    let reader = StateReader { db, machine, committed, applied_requests, log_bytes, installing };
+    Ok(NodeStorage { log, state, reader })
 }
 
 /// Reads the node's applied state without going through Raft. Whether a read is linearizable is
@@ -82,6 +139,8 @@ pub struct StateReader {
     machine: StateMachine,
     committed: Arc<AtomicU64>,
     applied_requests: broadcast::Sender<AppliedRequests>,
+    log_bytes: Arc<LogBytes>,
+    installing: Arc<AtomicBool>,
 }
 
 /// The identities of the client requests one apply call applied, in log order.
@@ -116,6 +175,17 @@ impl StateReader {
     /// Up to `limit` notifications not yet confirmed as published, with `seq > after`, in order.
     pub fn pending_notifications(&self, after: Option<u64>, limit: usize) -> Result<Vec<OutboxEntry>, StorageError> {
         statestore_statemachine::watch::pending_notifications(&db::Tables { db: &self.db }, after, limit)
+    }
+
+    /// Whether a snapshot install is replacing the tables right now: reads of the local state
+    /// meanwhile may see a partly installed keyspace.
+    pub fn installing_snapshot(&self) -> bool {
+        self.installing.load(Ordering::Acquire)
+    }
+
+    /// How much the log grew since the latest snapshot here.
+    pub fn log_bytes(&self) -> &LogBytes {
+        &self.log_bytes
     }
 
     /// The last committed log index this node knows of (0 before the first).

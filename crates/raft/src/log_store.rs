@@ -23,6 +23,7 @@ use crate::db::{cf, synced, LOG_CF, RAFT_META_CF};
 use crate::metrics::StorageMetrics;
 use crate::types::{LogEntry, LogId, RaftStorageError, TypeConfig, Vote};
 use crate::wire::{decode, encode};
+use crate::LogBytes;
 
 const VOTE: &[u8] = b"vote";
 const COMMITTED: &[u8] = b"committed";
@@ -99,6 +100,7 @@ pub struct LogStore {
     /// database closing on a detached thread can race the process's exit.
     flusher: Option<std::thread::JoinHandle<()>>,
     committed: Arc<AtomicU64>,
+    log_bytes: Arc<LogBytes>,
 }
 
 impl Drop for LogStore {
@@ -113,13 +115,18 @@ impl Drop for LogStore {
 
 impl LogStore {
     /// A log store over `db`. `committed` follows the committed log index (0 before any).
-    pub(crate) fn new(db: Arc<DB>, metrics: StorageMetrics, committed: Arc<AtomicU64>) -> io::Result<LogStore> {
+    pub(crate) fn new(
+        db: Arc<DB>,
+        metrics: StorageMetrics,
+        committed: Arc<AtomicU64>,
+        log_bytes: Arc<LogBytes>,
+    ) -> io::Result<LogStore> {
         let (flushes, pending) = mpsc::channel();
         let flusher_db = db.clone();
         let flusher = std::thread::Builder::new()
             .name("raft-log-fsync".into())
             .spawn(move || flush_loop(&flusher_db, &pending, &metrics))?;
-        Ok(LogStore { reader: LogReader { db }, flushes: Some(flushes), flusher: Some(flusher), committed })
+        Ok(LogStore { reader: LogReader { db }, flushes: Some(flushes), flusher: Some(flusher), committed, log_bytes })
     }
 
     fn db(&self) -> &DB {
@@ -205,6 +212,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = WriteBatch::default();
         for entry in entries {
             let bytes = encode(&entry).map_err(|e| StorageIOError::write_log_entry(entry.log_id, &e))?;
+            self.log_bytes.add(bytes.len() as u64);
             batch.put_cf(log, index_key(entry.log_id.index), bytes);
         }
         // Written (and so readable) now; on disk once the flusher's fsync returns.

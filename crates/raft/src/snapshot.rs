@@ -1,4 +1,5 @@
-//! Snapshots of the state machine: their byte format and the file that keeps the latest one.
+//! Snapshots of the state machine: their byte format, streamed to and from files, and the
+//! directory that keeps the latest one.
 //!
 //! A snapshot is every entry of every state-machine table, read from one RocksDB snapshot so it
 //! is a consistent view at one applied log index:
@@ -9,12 +10,27 @@
 //! end:     0xFF · record count (u64 BE) · CRC-32 of every byte before it (u32 BE)
 //! ```
 //!
-//! The latest snapshot is kept in `<dir>/current` (written to a temporary file, fsynced, then
-//! renamed) so it can be sent to a lagging node after the log it replaces has been purged.
+//! Snapshots are never held whole in memory: [`SnapshotWriter`] streams records into a file and
+//! [`RecordReader`] streams them out, checking the checksum when it reaches the end (so a
+//! snapshot is [`verify`]ed in one pass before anything is installed from it).
+//!
+//! The directory keeps the latest snapshot as a data file (`<id>.data`, exactly the bytes above,
+//! which is what openraft sends to a lagging node) and `current`, naming it with its metadata:
+//!
+//! ```text
+//! magic "statestore-snapshot-current\x01" · meta len (u32 BE) · meta (bincode)
+//!       · name len (u32 BE) · data file name
+//! ```
+//!
+//! Each is written to a temporary file, fsynced and renamed, data first, so `current` always
+//! names a complete data file. A directory from before this layout (`current` holding the data
+//! inline) is converted when it is opened.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use statestore_statemachine::Table;
 
@@ -23,9 +39,16 @@ use crate::wire::{decode, encode};
 
 const MAGIC: &[u8] = b"statestore-snapshot\x01";
 const END: u8 = 0xFF;
-const FILE_MAGIC: &[u8] = b"statestore-snapshot-file\x01";
+const CURRENT_MAGIC: &[u8] = b"statestore-snapshot-current\x01";
+/// `current` before data files: the metadata and the data inline.
+const INLINE_MAGIC: &[u8] = b"statestore-snapshot-file\x01";
 /// How many snapshot bytes are written between two syncs of the file.
-const SYNC_EVERY: usize = 4 << 20;
+pub const SYNC_EVERY: u64 = 4 << 20;
+/// The longest key or value a snapshot record may hold; a longer length is damage, refused
+/// before anything is allocated for it.
+pub const MAX_RECORD_PART: usize = 256 << 20;
+const TEMP_SUFFIX: &str = ".tmp";
+const DATA_SUFFIX: &str = ".data";
 
 /// Why snapshot bytes could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -38,66 +61,291 @@ pub enum SnapshotError {
     Io(#[from] io::Error),
 }
 
-/// Writes snapshot records.
-pub struct SnapshotWriter {
-    bytes: Vec<u8>,
+/// Streams snapshot records into `W`, computing the checksum on the way.
+pub struct SnapshotWriter<W: Write> {
+    out: W,
+    crc: crc32fast::Hasher,
     records: u64,
 }
 
-impl Default for SnapshotWriter {
-    fn default() -> Self {
-        SnapshotWriter { bytes: MAGIC.to_vec(), records: 0 }
+impl<W: Write> SnapshotWriter<W> {
+    pub fn new(out: W) -> io::Result<Self> {
+        let mut writer = SnapshotWriter { out, crc: crc32fast::Hasher::new(), records: 0 };
+        writer.write(MAGIC)?;
+        Ok(writer)
     }
-}
 
-impl SnapshotWriter {
-    pub fn push(&mut self, table: Table, key: &[u8], value: &[u8]) {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.crc.update(bytes);
+        self.out.write_all(bytes)
+    }
+
+    pub fn push(&mut self, table: Table, key: &[u8], value: &[u8]) -> io::Result<()> {
         let tag = Table::ALL.iter().position(|t| *t == table).expect("every table is in Table::ALL") as u8;
-        self.bytes.push(tag);
+        self.write(&[tag])?;
         for part in [key, value] {
-            self.bytes.extend_from_slice(&(part.len() as u32).to_be_bytes());
-            self.bytes.extend_from_slice(part);
+            self.write(&(part.len() as u32).to_be_bytes())?;
+            self.write(part)?;
         }
         self.records += 1;
+        Ok(())
     }
 
-    pub fn finish(mut self) -> Vec<u8> {
-        self.bytes.push(END);
-        self.bytes.extend_from_slice(&self.records.to_be_bytes());
-        let crc = crc32fast::hash(&self.bytes);
-        self.bytes.extend_from_slice(&crc.to_be_bytes());
-        self.bytes
+    /// Writes the end marker and the checksum; returns the output, flushed.
+    pub fn finish(mut self) -> io::Result<W> {
+        self.write(&[END])?;
+        self.write(&self.records.to_be_bytes())?;
+        let crc = self.crc.clone().finalize();
+        self.out.write_all(&crc.to_be_bytes())?;
+        self.out.flush()?;
+        Ok(self.out)
     }
 }
 
 /// One record of a snapshot.
-pub type Record<'a> = (Table, &'a [u8], &'a [u8]);
+pub type Record = (Table, Vec<u8>, Vec<u8>);
 
-/// Checks the whole snapshot (framing, count, checksum) and returns its records.
-pub fn records(bytes: &[u8]) -> Result<Vec<Record<'_>>, SnapshotError> {
-    let body_len = bytes.len().checked_sub(4).ok_or(SnapshotError::Malformed("too short"))?;
-    let crc = u32::from_be_bytes(bytes[body_len..].try_into().expect("4 bytes"));
-    if crc32fast::hash(&bytes[..body_len]) != crc {
-        return Err(SnapshotError::Checksum);
+/// Streams the records out of a snapshot. The checksum and the record count are checked when
+/// the end is reached: records handed out before then are not yet known to be intact, so
+/// [`verify`] a snapshot before acting on it.
+pub struct RecordReader<R: Read> {
+    input: R,
+    crc: crc32fast::Hasher,
+    records: u64,
+    done: bool,
+}
+
+impl<R: Read> RecordReader<R> {
+    pub fn new(input: R) -> Result<Self, SnapshotError> {
+        let mut reader = RecordReader { input, crc: crc32fast::Hasher::new(), records: 0, done: false };
+        let mut magic = [0u8; MAGIC.len()];
+        reader.read(&mut magic)?;
+        if magic != MAGIC {
+            return Err(SnapshotError::Malformed("bad magic"));
+        }
+        Ok(reader)
     }
-    let body = bytes[..body_len].strip_prefix(MAGIC).ok_or(SnapshotError::Malformed("bad magic"))?;
-    let mut records = Vec::new();
-    let mut rest = body;
-    loop {
-        let (&tag, after_tag) = rest.split_first().ok_or(SnapshotError::Malformed("missing end"))?;
-        if tag == END {
-            let count: [u8; 8] = after_tag.try_into().map_err(|_| SnapshotError::Malformed("bad end"))?;
-            if u64::from_be_bytes(count) != records.len() as u64 {
+
+    fn read(&mut self, buf: &mut [u8]) -> Result<(), SnapshotError> {
+        self.input.read_exact(buf).map_err(|e| match e.kind() {
+            io::ErrorKind::UnexpectedEof => SnapshotError::Malformed("truncated"),
+            _ => SnapshotError::Io(e),
+        })?;
+        self.crc.update(buf);
+        Ok(())
+    }
+
+    fn part(&mut self) -> Result<Vec<u8>, SnapshotError> {
+        let mut len = [0u8; 4];
+        self.read(&mut len)?;
+        let len = u32::from_be_bytes(len) as usize;
+        if len > MAX_RECORD_PART {
+            return Err(SnapshotError::Malformed("record longer than MAX_RECORD_PART"));
+        }
+        let mut part = vec![0u8; len];
+        self.read(&mut part)?;
+        Ok(part)
+    }
+
+    /// The next record; `None` once the end is reached and the whole snapshot checked.
+    pub fn next_record(&mut self) -> Result<Option<Record>, SnapshotError> {
+        if self.done {
+            return Ok(None);
+        }
+        let mut tag = [0u8; 1];
+        self.read(&mut tag)?;
+        if tag[0] == END {
+            let mut count = [0u8; 8];
+            self.read(&mut count)?;
+            let expected = self.crc.clone().finalize();
+            let mut crc = [0u8; 4];
+            self.input.read_exact(&mut crc).map_err(|_| SnapshotError::Malformed("truncated checksum"))?;
+            if u32::from_be_bytes(crc) != expected {
+                return Err(SnapshotError::Checksum);
+            }
+            if u64::from_be_bytes(count) != self.records {
                 return Err(SnapshotError::Malformed("record count"));
             }
-            return Ok(records);
+            let mut trailing = [0u8; 1];
+            if self.input.read(&mut trailing)? != 0 {
+                return Err(SnapshotError::Malformed("bytes after the checksum"));
+            }
+            self.done = true;
+            return Ok(None);
         }
-        let table = *Table::ALL.get(usize::from(tag)).ok_or(SnapshotError::Malformed("unknown table"))?;
-        let (key, after_key) = take_part(after_tag)?;
-        let (value, after_value) = take_part(after_key)?;
-        records.push((table, key, value));
-        rest = after_value;
+        let table = *Table::ALL.get(usize::from(tag[0])).ok_or(SnapshotError::Malformed("unknown table"))?;
+        let key = self.part()?;
+        let value = self.part()?;
+        self.records += 1;
+        Ok(Some((table, key, value)))
     }
+}
+
+/// Reads a whole snapshot file, checking framing, record count and checksum; returns how many
+/// records it holds.
+pub fn verify(path: &Path) -> Result<u64, SnapshotError> {
+    let mut reader = RecordReader::new(BufReader::with_capacity(1 << 20, fs::File::open(path)?))?;
+    let mut count = 0;
+    while reader.next_record()?.is_some() {
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// A file being written that syncs its data every [`SYNC_EVERY`] bytes: a large file written at
+/// once leaves its pages dirty until the final sync, and every WAL fsync meanwhile waits for
+/// them (ext4 ordered mode).
+pub struct SyncingFile {
+    file: fs::File,
+    unsynced: u64,
+}
+
+impl SyncingFile {
+    pub fn new(file: fs::File) -> SyncingFile {
+        SyncingFile { file, unsynced: 0 }
+    }
+
+    /// Syncs what is left and returns the file.
+    pub fn finish(self) -> io::Result<fs::File> {
+        self.file.sync_all()?;
+        Ok(self.file)
+    }
+}
+
+impl Write for SyncingFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let written = self.file.write(buf)?;
+        self.unsynced += written as u64;
+        if self.unsynced >= SYNC_EVERY {
+            self.file.sync_data()?;
+            self.unsynced = 0;
+        }
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
+
+/// The directory holding the latest snapshot.
+#[derive(Debug, Clone)]
+pub struct SnapshotDir {
+    dir: PathBuf,
+    next_temp: Arc<AtomicU64>,
+}
+
+impl SnapshotDir {
+    /// Opens the directory: removes temporary files of interrupted writes and converts a
+    /// `current` from before data files.
+    pub fn new(dir: impl Into<PathBuf>) -> Result<SnapshotDir, SnapshotError> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir)?;
+        for entry in fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.to_string_lossy().ends_with(TEMP_SUFFIX) {
+                fs::remove_file(&path)?;
+            }
+        }
+        let snapshots = SnapshotDir { dir, next_temp: Arc::new(AtomicU64::new(0)) };
+        snapshots.convert_inline()?;
+        Ok(snapshots)
+    }
+
+    fn current_path(&self) -> PathBuf {
+        self.dir.join("current")
+    }
+
+    /// A new temporary file in the directory, open for reading and writing.
+    pub fn create_temp(&self) -> io::Result<(PathBuf, fs::File)> {
+        let n = self.next_temp.fetch_add(1, Ordering::Relaxed);
+        let path = self.dir.join(format!("incoming-{}-{n}{TEMP_SUFFIX}", std::process::id()));
+        let file = fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path)?;
+        Ok((path, file))
+    }
+
+    /// Makes the complete, verified snapshot in `temp` the kept one, atomically and durably;
+    /// returns the path of its data file. Older data files are removed.
+    pub fn keep(&self, meta: &SnapshotMeta, temp: &Path) -> Result<PathBuf, SnapshotError> {
+        fs::File::open(temp)?.sync_all()?;
+        let name = data_file_name(&meta.snapshot_id);
+        let data = self.dir.join(&name);
+        fs::rename(temp, &data)?;
+        sync_dir(&self.dir)?;
+        let meta_bytes = encode(meta).map_err(|_| SnapshotError::Malformed("meta does not encode"))?;
+        let mut current = Vec::with_capacity(CURRENT_MAGIC.len() + meta_bytes.len() + name.len() + 8);
+        current.extend_from_slice(CURRENT_MAGIC);
+        for part in [&meta_bytes[..], name.as_bytes()] {
+            current.extend_from_slice(&(part.len() as u32).to_be_bytes());
+            current.extend_from_slice(part);
+        }
+        let tmp = self.dir.join(format!("current{TEMP_SUFFIX}"));
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(&current)?;
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&tmp, self.current_path())?;
+        sync_dir(&self.dir)?;
+        // Readers that opened an older data file keep reading it until they close it.
+        for entry in fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            if path != data && path.to_string_lossy().ends_with(DATA_SUFFIX) {
+                fs::remove_file(&path)?;
+            }
+        }
+        Ok(data)
+    }
+
+    /// The kept snapshot's metadata and data file, if any.
+    pub fn current(&self) -> Result<Option<(SnapshotMeta, PathBuf)>, SnapshotError> {
+        let bytes = match fs::read(self.current_path()) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let rest = bytes.strip_prefix(CURRENT_MAGIC).ok_or(SnapshotError::Malformed("bad magic in current"))?;
+        let (meta, rest) = take_part(rest)?;
+        let (name, rest) = take_part(rest)?;
+        if !rest.is_empty() {
+            return Err(SnapshotError::Malformed("bytes after the data file name in current"));
+        }
+        let meta: SnapshotMeta = decode(meta).map_err(|_| SnapshotError::Malformed("meta does not decode"))?;
+        let name = std::str::from_utf8(name).map_err(|_| SnapshotError::Malformed("data file name"))?;
+        if name != data_file_name(&meta.snapshot_id) {
+            return Err(SnapshotError::Malformed("current names another snapshot's data file"));
+        }
+        Ok(Some((meta, self.dir.join(name))))
+    }
+
+    /// Converts a `current` holding its data inline into a data file and a `current` naming it.
+    fn convert_inline(&self) -> Result<(), SnapshotError> {
+        let bytes = match fs::read(self.current_path()) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let Some(rest) = bytes.strip_prefix(INLINE_MAGIC) else { return Ok(()) };
+        let (meta, data) = take_part(rest)?;
+        let meta: SnapshotMeta = decode(meta).map_err(|_| SnapshotError::Malformed("meta does not decode"))?;
+        let (temp, mut file) = self.create_temp()?;
+        file.write_all(data)?;
+        drop(file);
+        verify(&temp)?;
+        self.keep(&meta, &temp)?;
+        tracing::info!(snapshot = meta.snapshot_id, "converted the kept snapshot to a data file");
+        Ok(())
+    }
+}
+
+/// The data file of a snapshot: its id, with anything but ASCII letters, digits, `-` and `_`
+/// replaced (the id comes from whichever node built it).
+fn data_file_name(snapshot_id: &str) -> String {
+    let safe: String = snapshot_id
+        .chars()
+        .take(128)
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .collect();
+    format!("snapshot-{safe}{DATA_SUFFIX}")
 }
 
 fn take_part(bytes: &[u8]) -> Result<(&[u8], &[u8]), SnapshotError> {
@@ -112,59 +360,6 @@ fn take_part(bytes: &[u8]) -> Result<(&[u8], &[u8]), SnapshotError> {
     Ok(rest.split_at(len))
 }
 
-/// The directory holding the latest snapshot.
-#[derive(Debug, Clone)]
-pub struct SnapshotDir {
-    dir: PathBuf,
-}
-
-impl SnapshotDir {
-    pub fn new(dir: impl Into<PathBuf>) -> io::Result<SnapshotDir> {
-        let dir = dir.into();
-        fs::create_dir_all(&dir)?;
-        Ok(SnapshotDir { dir })
-    }
-
-    fn current(&self) -> PathBuf {
-        self.dir.join("current")
-    }
-
-    /// Replaces the kept snapshot, atomically and durably.
-    pub fn save(&self, meta: &SnapshotMeta, data: &[u8]) -> Result<(), SnapshotError> {
-        let meta = encode(meta).map_err(|_| SnapshotError::Malformed("meta does not encode"))?;
-        let tmp = self.dir.join("current.tmp");
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(FILE_MAGIC)?;
-        file.write_all(&(meta.len() as u32).to_be_bytes())?;
-        file.write_all(&meta)?;
-        // In steps, each synced: a large file written at once leaves its pages dirty until the
-        // final sync, and every WAL fsync meanwhile waits for them (ext4 ordered mode).
-        for chunk in data.chunks(SYNC_EVERY) {
-            file.write_all(chunk)?;
-            file.sync_data()?;
-        }
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&tmp, self.current())?;
-        sync_dir(&self.dir)?;
-        Ok(())
-    }
-
-    /// The kept snapshot, if any; its data is checked before it is returned.
-    pub fn load(&self) -> Result<Option<(SnapshotMeta, Vec<u8>)>, SnapshotError> {
-        let bytes = match fs::read(self.current()) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        let rest = bytes.strip_prefix(FILE_MAGIC).ok_or(SnapshotError::Malformed("bad file magic"))?;
-        let (meta, data) = take_part(rest)?;
-        let meta: SnapshotMeta = decode(meta).map_err(|_| SnapshotError::Malformed("meta does not decode"))?;
-        records(data)?;
-        Ok(Some((meta, data.to_vec())))
-    }
-}
-
 fn sync_dir(dir: &Path) -> io::Result<()> {
     fs::File::open(dir)?.sync_all()
 }
@@ -173,24 +368,40 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 mod tests {
     use super::*;
 
-    fn sample() -> Vec<u8> {
-        let mut writer = SnapshotWriter::default();
-        writer.push(Table::Keys, b"k", b"v");
-        writer.push(Table::Meta, b"", &[0xFF; 3]);
-        writer.push(Table::Outbox, &[0; 8], b"");
+    /// Writes a snapshot of `records` to `out`.
+    fn write_all<W: Write>(out: W, records: &[(Table, &[u8], &[u8])]) -> io::Result<W> {
+        let mut writer = SnapshotWriter::new(out)?;
+        for (table, key, value) in records {
+            writer.push(*table, key, value)?;
+        }
         writer.finish()
+    }
+
+    fn sample() -> Vec<u8> {
+        write_all(
+            Vec::new(),
+            &[(Table::Keys, b"k", b"v"), (Table::Meta, b"", &[0xFF; 3]), (Table::Outbox, &[0; 8], b"")],
+        )
+        .unwrap()
+    }
+
+    fn read_all(bytes: &[u8]) -> Result<Vec<Record>, SnapshotError> {
+        let mut reader = RecordReader::new(bytes)?;
+        let mut records = Vec::new();
+        while let Some(record) = reader.next_record()? {
+            records.push(record);
+        }
+        Ok(records)
     }
 
     #[test]
     fn records_round_trip() {
-        let bytes = sample();
-        let records = records(&bytes).unwrap();
         assert_eq!(
-            records,
+            read_all(&sample()).unwrap(),
             vec![
-                (Table::Keys, &b"k"[..], &b"v"[..]),
-                (Table::Meta, &b""[..], &[0xFF; 3][..]),
-                (Table::Outbox, &[0; 8][..], &b""[..])
+                (Table::Keys, b"k".to_vec(), b"v".to_vec()),
+                (Table::Meta, b"".to_vec(), vec![0xFF; 3]),
+                (Table::Outbox, vec![0; 8], b"".to_vec())
             ]
         );
     }
@@ -202,14 +413,68 @@ mod tests {
             for bit in 0..8 {
                 let mut damaged = bytes.clone();
                 damaged[i] ^= 1 << bit;
-                assert!(records(&damaged).is_err(), "bit {bit} of byte {i}");
+                assert!(read_all(&damaged).is_err(), "bit {bit} of byte {i}");
             }
-            assert!(records(&bytes[..i]).is_err(), "truncated to {i}");
+            assert!(read_all(&bytes[..i]).is_err(), "truncated to {i}");
         }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(read_all(&longer).is_err(), "a trailing byte");
+    }
+
+    #[test]
+    fn a_huge_length_is_refused_before_it_is_allocated() {
+        let mut bytes = MAGIC.to_vec();
+        bytes.push(0);
+        bytes.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(read_all(&bytes), Err(SnapshotError::Malformed(_))));
     }
 
     #[test]
     fn an_empty_snapshot_is_valid() {
-        assert!(records(&SnapshotWriter::default().finish()).unwrap().is_empty());
+        assert!(read_all(&write_all(Vec::new(), &[]).unwrap()).unwrap().is_empty());
+    }
+
+    fn meta(id: &str) -> SnapshotMeta {
+        SnapshotMeta { last_log_id: None, last_membership: Default::default(), snapshot_id: id.into() }
+    }
+
+    #[test]
+    fn the_directory_keeps_one_snapshot_and_forgets_interrupted_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let snapshots = SnapshotDir::new(dir.path()).unwrap();
+        assert!(snapshots.current().unwrap().is_none());
+        for id in ["1-1-10", "1-1-20/../x"] {
+            let (temp, file) = snapshots.create_temp().unwrap();
+            write_all(file, &[(Table::Keys, id.as_bytes(), b"v")]).unwrap();
+            let data = snapshots.keep(&meta(id), &temp).unwrap();
+            assert!(data.starts_with(dir.path()), "{data:?} stays in the directory");
+            let (kept, path) = snapshots.current().unwrap().unwrap();
+            assert_eq!(kept.snapshot_id, id);
+            assert_eq!(path, data);
+            assert_eq!(verify(&path).unwrap(), 1);
+        }
+        let (_abandoned, _) = snapshots.create_temp().unwrap();
+        let files = |dir: &Path| fs::read_dir(dir).unwrap().count();
+        assert_eq!(files(dir.path()), 3, "current, one data file, one temporary file");
+        let reopened = SnapshotDir::new(dir.path()).unwrap();
+        assert_eq!(files(dir.path()), 2, "the temporary file is gone");
+        assert_eq!(reopened.current().unwrap().unwrap().0.snapshot_id, "1-1-20/../x");
+    }
+
+    #[test]
+    fn a_current_file_with_inline_data_is_converted() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = sample();
+        let meta_bytes = encode(&meta("old")).unwrap();
+        let mut inline = INLINE_MAGIC.to_vec();
+        inline.extend_from_slice(&(meta_bytes.len() as u32).to_be_bytes());
+        inline.extend_from_slice(&meta_bytes);
+        inline.extend_from_slice(&data);
+        fs::write(dir.path().join("current"), inline).unwrap();
+        let snapshots = SnapshotDir::new(dir.path()).unwrap();
+        let (kept, path) = snapshots.current().unwrap().unwrap();
+        assert_eq!(kept.snapshot_id, "old");
+        assert_eq!(fs::read(path).unwrap(), data);
     }
 }

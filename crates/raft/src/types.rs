@@ -1,7 +1,5 @@
 //! The openraft type configuration of the state store.
 
-use std::io::Cursor;
-
 use serde::{Deserialize, Serialize};
 use statestore_statemachine::Applied;
 
@@ -20,7 +18,7 @@ openraft::declare_raft_types!(
         NodeId = NodeId,
         Node = Node,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = tokio::fs::File,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

@@ -75,6 +75,21 @@ pub enum Mode {
         #[arg(long, default_value_t = 16)]
         inflight: usize,
     },
+    /// Fills the store, then measures how much longer requests wait while every node builds a
+    /// snapshot and a follower installs one (cluster only).
+    Snapshot {
+        #[command(flatten)]
+        common: Common,
+        /// Distinct keys written before the snapshots.
+        #[arg(long, default_value_t = 1_000_000)]
+        to: u64,
+        /// Requests per second of the open loop during the snapshots.
+        #[arg(long, default_value_t = 500.0)]
+        rate: f64,
+        /// Length of the quiet phases around the snapshots.
+        #[arg(long, default_value_t = 20)]
+        phase_secs: u64,
+    },
     /// Internal: the echo target's responders (started by the benchmark itself).
     #[command(hide = true)]
     EchoResponder {
@@ -127,6 +142,7 @@ impl Mode {
             Mode::Fill { .. } => "fill",
             Mode::Sustained { .. } => "sustained",
             Mode::Partition { .. } => "partition",
+            Mode::Snapshot { .. } => "snapshot",
             Mode::EchoResponder { .. } => "echo-responder",
         }
     }
@@ -137,7 +153,8 @@ impl Mode {
             | Mode::Rate { common, .. }
             | Mode::Fill { common, .. }
             | Mode::Sustained { common, .. }
-            | Mode::Partition { common, .. } => Some(common),
+            | Mode::Partition { common, .. }
+            | Mode::Snapshot { common, .. } => Some(common),
             Mode::EchoResponder { .. } => None,
         }
     }
@@ -145,7 +162,7 @@ impl Mode {
     /// The targets measured when --targets is not given.
     pub fn default_targets(&self) -> Vec<TargetKind> {
         match self {
-            Mode::Fill { .. } | Mode::Partition { .. } => vec![TargetKind::Cluster],
+            Mode::Fill { .. } | Mode::Partition { .. } | Mode::Snapshot { .. } => vec![TargetKind::Cluster],
             _ => TargetKind::ALL.to_vec(),
         }
     }
@@ -164,6 +181,8 @@ impl Mode {
             Mode::Fill { to, .. } => targets * (START + to / 200 + 300),
             Mode::Sustained { minutes, .. } => targets * (START + minutes * 60 + timeout),
             Mode::Partition { phase_secs, .. } => START + 5 * phase_secs + timeout,
+            // The fill at a pessimistic 200 writes per second, four phases, three snapshots.
+            Mode::Snapshot { to, phase_secs, .. } => START + to / 200 + 4 * phase_secs + 3 * 300 + timeout,
             Mode::EchoResponder { .. } => 0,
         }
     }

@@ -114,7 +114,7 @@ impl StatestoreCluster {
             .arg(format!("127.0.0.1:{}", self.broker_port))
             .arg("--log")
             .arg("warn");
-        if let Some(routes) = &self.peer_routes[(id - 1) as usize] {
+        if let Some(Some(routes)) = self.peer_routes.get((id - 1) as usize) {
             command.arg("--peer-routes").arg(routes);
         }
         Process::spawn(format!("node{id}"), command, &self.logs.join(format!("node-{id}.log")))
@@ -163,7 +163,7 @@ impl StatestoreCluster {
     }
 
     /// Node `index`'s `GET /cluster`.
-    async fn status(&self, index: usize) -> Option<Value> {
+    pub async fn status(&self, index: usize) -> Option<Value> {
         self.http.get(self.url(index, "/cluster")).send().await.ok()?.json().await.ok()
     }
 
@@ -195,13 +195,27 @@ impl StatestoreCluster {
         }
     }
 
+    /// Node `index`'s `/metrics` text; empty when it does not answer.
+    pub async fn metrics(&self, index: usize) -> String {
+        match self.http.get(self.url(index, "/metrics")).send().await {
+            Ok(response) => response.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
+    /// `POST /cluster/snapshot` on node `index`: it builds a snapshot in the background.
+    pub async fn request_snapshot(&self, index: usize) -> anyhow::Result<()> {
+        let response = self.http.post(self.url(index, "/cluster/snapshot")).send().await?;
+        if !response.status().is_success() {
+            bail!("node {} refused a snapshot: {}", self.nodes[index].id, response.text().await.unwrap_or_default());
+        }
+        Ok(())
+    }
+
     /// The leader's counters for "requests per fsync": requests answered (all commands and
     /// results) and WAL fsyncs. `None` for a counter the node does not export.
     pub async fn leader_counters(&self, index: usize) -> (Option<f64>, Option<f64>) {
-        let text = match self.http.get(self.url(index, "/metrics")).send().await {
-            Ok(response) => response.text().await.unwrap_or_default(),
-            Err(_) => String::new(),
-        };
+        let text = self.metrics(index).await;
         (
             metric_sum(&text, "statestore_requests_total"),
             metric_sum(&text, "statestore_disk_wal_fsync_duration_seconds_count"),
@@ -219,17 +233,52 @@ impl StatestoreCluster {
     /// Stops node `index` with SIGTERM and starts it again on the same data directory. Returns
     /// how long it took to exit, and the time from its start to its first `/ready` 200.
     pub async fn restart(&mut self, index: usize) -> anyhow::Result<(Duration, Duration)> {
+        let stop_time = self.stop_node(index);
+        Ok((stop_time, self.start_node(index).await?))
+    }
+
+    /// Starts one more node (not an initial member, so it does not form a cluster of its own) and
+    /// adds it as a learner through the leader's `POST /cluster/learners`; returns its index once
+    /// the leader reports it caught up.
+    pub async fn add_learner(&mut self) -> anyhow::Result<usize> {
+        let id = self.nodes.len() as u64 + 1;
+        let port = statestore_benches::free_port();
+        let parent = self.nodes[0].data_dir.parent().context("the nodes' data directory")?.to_path_buf();
+        let data_dir = parent.join(format!("node-{id}"));
+        let process = self.spawn(id, port, &data_dir)?;
+        self.nodes.push(Node { id, port, data_dir, process });
+        let leader = self.leader().await.context("no leader to add a learner through")?;
+        let body = serde_json::json!({
+            "id": id,
+            "address": format!("http://127.0.0.1:{port}"),
+            "timeout_ms": RESTART_TIMEOUT.as_millis() as u64,
+        });
+        let client = reqwest::Client::builder().timeout(RESTART_TIMEOUT + Duration::from_secs(10)).build()?;
+        let response = client.post(self.url(leader, "/cluster/learners")).json(&body).send().await?;
+        if !response.status().is_success() {
+            bail!("adding node {id} as a learner: {}", response.text().await.unwrap_or_default());
+        }
+        Ok(self.nodes.len() - 1)
+    }
+
+    /// Stops node `index` with SIGTERM; returns how long it took to exit.
+    pub fn stop_node(&mut self, index: usize) -> Duration {
         let stopping = Instant::now();
         let status = tokio::task::block_in_place(|| self.nodes[index].process.stop(STOP_GRACE));
-        let stop_time = stopping.elapsed();
         if !status.success() {
             eprintln!("note: node {} exited with {status} after SIGTERM", self.nodes[index].id);
         }
+        stopping.elapsed()
+    }
+
+    /// Starts node `index` again on its data directory; returns the time from its start to its
+    /// first `/ready` 200.
+    pub async fn start_node(&mut self, index: usize) -> anyhow::Result<Duration> {
         let (id, port, data_dir) = (self.nodes[index].id, self.nodes[index].port, self.nodes[index].data_dir.clone());
         let starting = Instant::now();
         self.nodes[index].process = self.spawn(id, port, &data_dir)?;
         self.wait_ready(index, starting + RESTART_TIMEOUT).await?;
-        Ok((stop_time, starting.elapsed()))
+        Ok(starting.elapsed())
     }
 }
 

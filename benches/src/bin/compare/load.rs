@@ -53,6 +53,9 @@ enum Keys {
     /// `fill-0000000000`, `fill-0000000001`, ...: every request writes a new key, up to this
     /// many keys.
     Sequential(u64),
+    /// Uniformly drawn from the keys `Sequential(n)` writes, without end: overwrites of a filled
+    /// store.
+    RandomFilled(u64),
 }
 
 const VALUE_POOL: usize = 64;
@@ -66,6 +69,11 @@ impl Workload {
         Workload { keys: Keys::Sequential(keys), values: values(value_size), issued: AtomicU64::new(0) }
     }
 
+    /// Overwrites of the keys a `distinct_keys(keys, ..)` fill wrote, drawn at random.
+    pub fn random_filled(keys: u64, value_size: usize) -> Workload {
+        Workload { keys: Keys::RandomFilled(keys.max(1)), values: values(value_size), issued: AtomicU64::new(0) }
+    }
+
     /// The next key and value to write; `None` once every distinct key has been issued.
     pub fn next(&self) -> Option<(Vec<u8>, &[u8])> {
         let n = self.issued.fetch_add(1, Ordering::Relaxed);
@@ -73,6 +81,7 @@ impl Workload {
             Keys::Random(keys) => format!("key-{}", fastrand::u64(..keys)),
             Keys::Sequential(keys) if n < keys => format!("fill-{n:010}"),
             Keys::Sequential(_) => return None,
+            Keys::RandomFilled(keys) => format!("fill-{:010}", fastrand::u64(..keys)),
         };
         Some((key.into_bytes(), &self.values[n as usize % self.values.len()]))
     }
@@ -183,6 +192,11 @@ mod tests {
         assert_eq!(fill.next().map(|(k, v)| (k, v.len())), Some((b"fill-0000000000".to_vec(), 8)));
         assert_eq!(fill.next().unwrap().0, b"fill-0000000001");
         assert!(fill.next().is_none());
+        let filled = Workload::random_filled(2, 4);
+        for _ in 0..20 {
+            let key = filled.next().unwrap().0;
+            assert!(key == b"fill-0000000000" || key == b"fill-0000000001", "{key:?}");
+        }
         let random = Workload::random_keys(3, 4);
         for _ in 0..100 {
             let (key, _) = random.next().unwrap();

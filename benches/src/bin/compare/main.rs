@@ -111,6 +111,7 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
         common.value_size,
         match mode {
             Mode::Fill { .. } => "distinct keys".to_string(),
+            Mode::Snapshot { to, .. } => format!("{} distinct keys, then random ones", report::ops(to as f64)),
             _ => format!("{} random keys", report::ops(common.keys as f64)),
         },
         common.message_expiry,
@@ -145,6 +146,9 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
             Mode::Partition { phase_secs, inflight, .. } => {
                 modes::partition(&mut run, Duration::from_secs((*phase_secs).max(1)), (*inflight).max(1)).await
             }
+            Mode::Snapshot { to, rate, phase_secs, .. } => {
+                modes::snapshot(&mut run, (*to).max(1), rate.max(1.0), Duration::from_secs((*phase_secs).max(1))).await
+            }
             Mode::EchoResponder { .. } => Ok(()),
         }
     };
@@ -174,8 +178,8 @@ fn choose_targets(mode: &Mode) -> anyhow::Result<Vec<TargetKind>> {
     if targets.is_empty() {
         bail!("no target to measure");
     }
-    if matches!(mode, Mode::Partition { .. }) && targets != [TargetKind::Cluster] {
-        bail!("partition mode measures the cluster only (--targets cluster)");
+    if matches!(mode, Mode::Partition { .. } | Mode::Snapshot { .. }) && targets != [TargetKind::Cluster] {
+        bail!("{} mode measures the cluster only (--targets cluster)", mode.name());
     }
     Ok(targets)
 }

@@ -51,8 +51,13 @@ impl Process {
         self.child.id()
     }
 
-    /// Fails when the process has already exited: a server that died is an error, not a result.
+    /// Fails when the process has exited without being stopped: a server that died is an error,
+    /// not a result.
     pub fn check_running(&mut self) -> anyhow::Result<()> {
+        if self.exited.is_some() {
+            // Stopped on purpose (or reported already).
+            return Ok(());
+        }
         if let Some(status) = self.child.try_wait()? {
             self.exited = Some(status);
             bail!("{} exited unexpectedly ({status})", self.name);

@@ -77,6 +77,8 @@ pub struct Recording {
     pub minutes: Vec<Latencies>,
     /// Seconds since the window opened at which each answer arrived (only when asked for).
     pub answer_times: Option<Vec<f64>>,
+    /// The latency of each of those answers, in milliseconds, in the same order.
+    pub answer_latencies_ms: Option<Vec<f64>>,
 }
 
 /// Collects the outcomes of requests that complete within `[from, until)`; the rest (warm-up,
@@ -102,6 +104,7 @@ impl Recorder {
                 seconds: Vec::new(),
                 minutes: Vec::new(),
                 answer_times: answer_times.then(Vec::new),
+                answer_latencies_ms: answer_times.then(Vec::new),
             }),
         }
     }
@@ -136,6 +139,9 @@ impl Recorder {
                 recording.minutes[minute].record(latency);
                 if let Some(times) = &mut recording.answer_times {
                     times.push(since.as_secs_f64());
+                }
+                if let Some(latencies) = &mut recording.answer_latencies_ms {
+                    latencies.push(latency.as_secs_f64() * 1000.0);
                 }
             }
             Err(error) => {

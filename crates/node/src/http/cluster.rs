@@ -279,3 +279,23 @@ pub async fn metrics(State(node): State<Arc<Node>>) -> Response {
     let text = node.metrics.render(node.reader.committed_index());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
+
+/// `POST /cluster/snapshot`: asks this node to build a snapshot now (and purge its log below
+/// it), whatever `--snapshot-every` and `--snapshot-log-bytes` say. Answers 202 at once; the
+/// build runs in the background: `snapshot_index` in `GET /cluster` and
+/// `statestore_snapshots_total{kind="built"}` show when it is done.
+pub async fn snapshot(State(node): State<Arc<Node>>) -> Response {
+    match node.request_snapshot().await {
+        Ok(applied) => {
+            let status = cluster_status(&node);
+            let body = serde_json::json!({
+                "requested": true,
+                "applied_index": applied,
+                "snapshot_index": status.snapshot_index,
+            });
+            (StatusCode::ACCEPTED, Json(body)).into_response()
+        }
+        Err(e) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", format!("raft has stopped: {e}"))
+            .into_response(),
+    }
+}

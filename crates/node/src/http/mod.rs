@@ -40,6 +40,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/cluster", get(cluster::status))
         .route("/cluster/learners", post(cluster::add_learner))
         .route("/cluster/members", post(cluster::change_members))
+        .route("/cluster/snapshot", post(cluster::snapshot))
         .route("/health", get(cluster::health))
         .route("/ready", get(cluster::ready))
         .route("/metrics", get(cluster::metrics))

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, Publish, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, ClientError, Event, EventLoop, MqttOptions};
@@ -56,32 +57,38 @@ pub struct Connection {
     pub sessions: watch::Receiver<u64>,
 }
 
-impl Connection {
-    /// Publishes at QoS 1 in call order; `delivery` learns the PUBACK's reason.
-    pub fn publish(
-        &self,
-        topic: String,
-        payload: Bytes,
-        properties: PublishProperties,
-        delivery: Option<oneshot::Sender<Delivery>>,
-    ) {
-        // The connection task ends only with the node; a closed channel means we are stopping.
-        let _ = self.outbound.send(Outbound { topic, payload, properties, delivery });
-    }
-
+/// What the front end needs of its broker connection: [`Connection`] in a running node; the
+/// dispatcher's tests use an in-process one.
+pub trait Link: Send + Sync + 'static {
+    /// Publishes at QoS 1 in call order; `outbound.delivery` learns the PUBACK's reason.
+    fn publish(&self, outbound: Outbound);
     /// Acknowledges a received request: the broker will not send it again.
-    pub async fn ack(&self, publish: &Publish) {
-        if publish.qos == QoS::AtMostOnce {
-            return;
-        }
-        if let Err(e) = self.client.ack(publish).await {
-            tracing::debug!(error = %e, "cannot acknowledge a request; the connection is stopping");
-        }
+    fn ack<'a>(&'a self, publish: &'a Publish) -> BoxFuture<'a, ()>;
+    /// Sends DISCONNECT; the broker keeps the session for the session expiry.
+    fn disconnect(&self) -> BoxFuture<'_, ()>;
+}
+
+impl Link for Connection {
+    fn publish(&self, outbound: Outbound) {
+        // The connection task ends only with the node; a closed channel means we are stopping.
+        let _ = self.outbound.send(outbound);
     }
 
-    /// Sends DISCONNECT; the broker keeps the session for the session expiry.
-    pub async fn disconnect(&self) {
-        let _ = self.client.disconnect().await;
+    fn ack<'a>(&'a self, publish: &'a Publish) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if publish.qos == QoS::AtMostOnce {
+                return;
+            }
+            if let Err(e) = self.client.ack(publish).await {
+                tracing::debug!(error = %e, "cannot acknowledge a request; the connection is stopping");
+            }
+        })
+    }
+
+    fn disconnect(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let _ = self.client.disconnect().await;
+        })
     }
 }
 

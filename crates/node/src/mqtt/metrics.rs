@@ -1,7 +1,7 @@
 //! Metrics of the MQTT front end, registered in the node's registry.
 
 use prometheus::{
-    exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    exponential_buckets, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
 
 #[derive(Clone)]
@@ -15,9 +15,6 @@ pub struct FrontEndMetrics {
     pub shadow_takeovers: IntCounter,
     pub notifications_sent: IntCounter,
     pub notifications_failed: IntCounter,
-    pub registrations_dropped: IntCounter,
-    pub expired_keys: IntCounter,
-    pub expiry_lag_seconds: Histogram,
     pub broker_connected: IntGauge,
     pub broker_reconnects: IntCounter,
 }
@@ -76,21 +73,6 @@ impl FrontEndMetrics {
             notifications_failed: counter(
                 "statestore_notifications_failed_total",
                 "Key notifications the broker refused or that were lost with the connection (sent again)",
-            )?,
-            registrations_dropped: counter(
-                "statestore_registrations_dropped_total",
-                "Clients whose KEYNOTIFY registrations were dropped because their session is gone",
-            )?,
-            expired_keys: counter("statestore_expired_keys_total", "Keys the expiry sweeper deleted")?,
-            expiry_lag_seconds: register(
-                registry,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        "statestore_expiry_lag_seconds",
-                        "From a key's deadline to its deletion being applied on the leader",
-                    )
-                    .buckets(exponential_buckets(0.001, 2.0, 14)?),
-                )?,
             )?,
             broker_connected: gauge("statestore_broker_connected", "1 while connected to the MQTT broker")?,
             broker_reconnects: counter("statestore_broker_reconnects_total", "Times the broker connection was lost")?,

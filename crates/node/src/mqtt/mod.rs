@@ -6,11 +6,16 @@
 //! batches writes into log entries and answers in submission order), a follower keeps them in
 //! its [`shadow`] until it sees them applied. Each answer publishes the response, then
 //! acknowledges the request: the broker forgets a request only once its outcome is durable. The
-//! pipeline publishes a batch's notifications (through this front end's [`notifier`]) before
-//! any of its answers.
+//! node's [`Leader`](crate::leader::Leader) duties publish a batch's notifications (through this
+//! front end's [`notifier`], its [`NotificationSink`](crate::leader::NotificationSink)) before
+//! any of its answers. Leadership comes from the node: on gaining it the front end takes over
+//! its shadow.
+//!
+//! The front end talks to the broker only through a [`Link`]: the rumqttc [`Connection`] in a
+//! running node, an in-process one in the dispatcher's tests, which need no broker.
 //!
 //! # Layout
-//! - [`connection`]: the rumqttc event loop, reconnects, PUBACK reasons.
+//! - [`connection`]: the [`Link`] trait; the rumqttc event loop, reconnects, PUBACK reasons.
 //! - [`envelope`]: request properties in, response properties out (pure).
 //! - [`shadow`]: a follower's copies of requests not yet applied.
 //! - [`notifier`]: publishing the notification outbox and confirming it.
@@ -22,22 +27,21 @@ pub mod metrics;
 pub mod notifier;
 pub mod shadow;
 
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use openraft::ServerState;
 use rumqttc::v5::mqttbytes::v5::Publish;
 use statestore_protocol::Response;
-use statestore_statemachine::{Applied, Entry, Operation, Reply};
-use tokio::sync::mpsc;
+use statestore_statemachine::{Entry, Operation, Reply};
+use tokio::sync::{mpsc, watch};
 
 use crate::config::BrokerConfig;
+use crate::leader::NotificationSink;
 use crate::node::{now_ms, proposal_clock, ExecuteError, Node};
 use crate::pipeline::{Outcome, Work};
-use connection::Connection;
+pub use connection::{Connection, Delivery, Link, Outbound, RequestSink};
 use envelope::{Body, DropReason, Inbound};
 use metrics::FrontEndMetrics;
 use notifier::Notifier;
@@ -48,13 +52,8 @@ const SHADOW_CAPACITY: usize = 200_000;
 /// How long a follower keeps a request it no longer needs to hold for the broker (a read, or a
 /// write seen applied): longer than a failover, so a new leader can answer it.
 const SHADOW_RETENTION: Duration = Duration::from_secs(5);
-/// How often followers look for applied requests, and the sweeper for due keys.
+/// How often followers look for applied requests.
 const TICK: Duration = Duration::from_millis(20);
-/// How often the leader confirms published notifications through the log.
-const CONFIRM_EVERY: Duration = Duration::from_millis(100);
-/// A client whose session is gone is dropped once per this period, however many notifications
-/// bounce meanwhile.
-const DROP_DEBOUNCE: Duration = Duration::from_secs(5);
 
 /// What the dispatcher handles, in order.
 enum Dispatch {
@@ -66,26 +65,17 @@ enum Dispatch {
     Lost,
 }
 
-/// What to do once a proposal is applied.
-enum Completion {
-    Respond(Box<Shadowed>),
-    Expire { key: Vec<u8>, expires_at: u64 },
-    DropRegistrations,
-    Confirm,
-}
-
 pub struct FrontEnd {
     node: Arc<Node>,
-    pub connection: Connection,
+    link: Arc<dyn Link>,
     metrics: FrontEndMetrics,
-    notifier: Notifier,
+    notifier: Arc<Notifier>,
     shadow: Mutex<Shadow>,
+    /// Mirrors the node's leadership in dispatch order.
     leading: AtomicBool,
     dispatch: mpsc::UnboundedSender<Dispatch>,
     /// Requests to acknowledge to the broker, in order.
     acks: mpsc::UnboundedSender<Publish>,
-    /// Keys with an `Expire` in flight.
-    expiring: Mutex<HashSet<Vec<u8>>>,
 }
 
 impl FrontEnd {
@@ -93,41 +83,53 @@ impl FrontEnd {
     pub fn start(node: Arc<Node>, config: &BrokerConfig) -> anyhow::Result<Arc<FrontEnd>> {
         let metrics = FrontEndMetrics::register(&node.metrics.registry)?;
         let (dispatch_tx, dispatch_rx) = mpsc::unbounded_channel();
-        let requests = dispatch_tx.clone();
-        let sink: connection::RequestSink = Box::new(move |publish| {
-            // Closed only when the dispatcher is gone, i.e. the node is stopping.
-            let _ = requests.send(Dispatch::Request(Box::new(publish)));
-        });
-        let connection = connection::start(config, sink, metrics.clone())?;
-        let (gone_tx, gone_rx) = mpsc::unbounded_channel();
-        let notifier = Notifier::new(node.reader.clone(), connection.clone(), metrics.clone(), gone_tx);
+        let connection = connection::start(config, request_sink(&dispatch_tx), metrics.clone())?;
+        let _ = node.broker_connected.set(connection.connected.clone());
+        let sessions = connection.sessions.clone();
+        FrontEnd::launch(node, Arc::new(connection), sessions, metrics, dispatch_tx, dispatch_rx)
+    }
+
+    /// Starts a front end on any `link`. Received requests are handed to the returned sink, in
+    /// order; a new value of `sessions` means publishes of the previous broker session may be
+    /// lost.
+    pub fn with_link(
+        node: Arc<Node>,
+        link: Arc<dyn Link>,
+        sessions: watch::Receiver<u64>,
+    ) -> anyhow::Result<(Arc<FrontEnd>, RequestSink)> {
+        let metrics = FrontEndMetrics::register(&node.metrics.registry)?;
+        let (dispatch_tx, dispatch_rx) = mpsc::unbounded_channel();
+        let requests = request_sink(&dispatch_tx);
+        let front = FrontEnd::launch(node, link, sessions, metrics, dispatch_tx, dispatch_rx)?;
+        Ok((front, requests))
+    }
+
+    fn launch(
+        node: Arc<Node>,
+        link: Arc<dyn Link>,
+        sessions: watch::Receiver<u64>,
+        metrics: FrontEndMetrics,
+        dispatch_tx: mpsc::UnboundedSender<Dispatch>,
+        dispatch_rx: mpsc::UnboundedReceiver<Dispatch>,
+    ) -> anyhow::Result<Arc<FrontEnd>> {
+        let notifier = Arc::new(Notifier::new(node.reader.clone(), link.clone(), metrics.clone(), node.leader.clone()));
         let (acks_tx, acks_rx) = mpsc::unbounded_channel();
         let front = Arc::new(FrontEnd {
             node: node.clone(),
-            connection: connection.clone(),
+            link: link.clone(),
             metrics,
-            notifier,
+            notifier: notifier.clone(),
             shadow: Mutex::new(Shadow::new(SHADOW_CAPACITY, SHADOW_RETENTION)),
             leading: AtomicBool::new(false),
             dispatch: dispatch_tx,
             acks: acks_tx,
-            expiring: Mutex::new(HashSet::new()),
         });
-        let _ = node.broker_connected.set(connection.connected.clone());
+        node.leader.attach_sink(notifier)?;
         tokio::spawn(front.clone().dispatcher(dispatch_rx));
-        tokio::spawn(acknowledge(connection.clone(), acks_rx));
-        let weak = Arc::downgrade(&front);
-        node.pipeline.on_notifications(Box::new(move || {
-            if let Some(front) = weak.upgrade() {
-                front.notifier.publish_pending();
-            }
-        }));
-        tokio::spawn(front.clone().leadership());
+        tokio::spawn(acknowledge(link, acks_rx));
+        tokio::spawn(front.clone().follow_leadership());
         tokio::spawn(front.clone().settle_shadow());
-        tokio::spawn(front.clone().sweeper());
-        tokio::spawn(front.clone().confirmer());
-        tokio::spawn(front.clone().drop_gone_clients(gone_rx));
-        tokio::spawn(front.clone().follow_sessions());
+        tokio::spawn(front.clone().follow_sessions(sessions));
         Ok(front)
     }
 
@@ -179,16 +181,16 @@ impl FrontEnd {
         tracing::info!(reason = reason.label(), "dropped a request without an answer");
     }
 
-    /// A follower keeps commands until they are applied; the leader answers everything else.
+    /// A follower keeps writes until they are applied, and everything else for a while: the
+    /// leader answers them, unless it dies first.
     fn follow(&self, mut request: Shadowed) {
-        let is_read = match &request.inbound.body {
-            Body::Command(command_request) => command_request.command.is_read(),
-            _ => {
-                self.ack(&request);
-                return;
-            }
+        let is_write = match &request.inbound.body {
+            Body::Command(command_request) => !command_request.command.is_read(),
+            // An invalid request, or one of another protocol version: this node may be the
+            // leader that has not taken over yet, so it is kept to be answered then.
+            Body::Invalid(_) | Body::UnsupportedVersion(_) => false,
         };
-        if is_read {
+        if !is_write {
             // Nothing to make durable: a read is acknowledged at once and kept only to be
             // answered should the leader die first.
             self.ack(&request);
@@ -238,7 +240,7 @@ impl FrontEnd {
         if is_read {
             // The pipeline answers it after every write submitted before it is applied.
             let work = Work::Read(command_request.clone());
-            self.submit(work, Completion::Respond(Box::new(request)));
+            self.submit(work, Box::new(request));
             return;
         }
         // A broker redelivery was most likely applied already: answer it without a log entry.
@@ -264,80 +266,37 @@ impl FrontEnd {
         let Some(client_request) = request.inbound.client_request() else { return };
         let wall_clock_ms = proposal_clock(command_request, now);
         let entry = Entry { operation: Operation::Request(client_request), wall_clock_ms };
-        self.submit(Work::Write(entry), Completion::Respond(Box::new(request)));
+        self.submit(Work::Write(entry), Box::new(request));
     }
 
-    /// Hands `work` to the node's pipeline; `completion` runs with its outcome.
-    fn submit(self: &Arc<Self>, work: Work, completion: Completion) {
+    /// Hands `work` to the node's pipeline and answers `request` with its outcome. What did not
+    /// complete here goes back to the dispatcher, which shadows it (another node leads) or
+    /// submits it again (the dedup table makes that safe).
+    fn submit(self: &Arc<Self>, work: Work, request: Box<Shadowed>) {
         let front = self.clone();
         self.node.pipeline.submit(
             work,
-            Box::new(move |outcome| match outcome {
-                Ok(Outcome::Written(applied)) => front.completed(completion, applied),
-                Ok(Outcome::Read(reply)) => front.answered(completion, reply),
-                Err(ExecuteError::Storage(e)) => {
-                    tracing::error!(error = %e, "a request failed in storage");
-                    front.failed(completion);
-                }
-                Err(ExecuteError::ForwardToLeader { .. }) | Err(ExecuteError::Unavailable(_)) => {
-                    front.failed(completion)
-                }
+            Box::new(move |outcome| {
+                let reply = match outcome {
+                    Ok(Outcome::Written(applied)) => {
+                        if applied.deduplicated {
+                            front.metrics.dedup_hits.inc();
+                        }
+                        applied.reply
+                    }
+                    Ok(Outcome::Read(reply)) => reply,
+                    Err(error) => {
+                        if let ExecuteError::Storage(e) = &error {
+                            tracing::error!(error = %e, "a request failed in storage");
+                        }
+                        let _ = front.dispatch.send(Dispatch::Retry(request));
+                        return;
+                    }
+                };
+                front.respond(&request, 200, reply, request.inbound.verb());
+                front.ack(&request);
             }),
         );
-    }
-
-    /// Proposes an entry of the leader's own (expiry, confirmations, registration drops).
-    fn propose(self: &Arc<Self>, entry: Entry, completion: Completion) {
-        self.submit(Work::Write(entry), completion);
-    }
-
-    fn answered(&self, completion: Completion, reply: Reply) {
-        if let Completion::Respond(request) = completion {
-            let command = request.inbound.verb();
-            self.respond(&request, 200, reply, command);
-            self.ack(&request);
-        }
-    }
-
-    fn completed(&self, completion: Completion, applied: Applied) {
-        match completion {
-            Completion::Respond(request) => {
-                if applied.deduplicated {
-                    self.metrics.dedup_hits.inc();
-                }
-                let command = request.inbound.verb();
-                self.respond(&request, 200, applied.reply, command);
-                self.ack(&request);
-            }
-            Completion::Expire { key, expires_at } => {
-                self.expiring.lock().unwrap().remove(&key);
-                if applied.reply.response == Response::Int(1) {
-                    self.metrics.expired_keys.inc();
-                    let lag_ms = now_ms().saturating_sub(expires_at);
-                    self.metrics.expiry_lag_seconds.observe(lag_ms as f64 / 1000.0);
-                }
-            }
-            Completion::DropRegistrations => {
-                if applied.reply.response != Response::Int(0) {
-                    self.metrics.registrations_dropped.inc();
-                }
-            }
-            Completion::Confirm => {}
-        }
-    }
-
-    /// Work that did not complete here: its request goes back to the dispatcher, which shadows
-    /// it (another node leads) or submits it again (the dedup table makes that safe).
-    fn failed(&self, completion: Completion) {
-        match completion {
-            Completion::Respond(request) => {
-                let _ = self.dispatch.send(Dispatch::Retry(request));
-            }
-            Completion::Expire { key, .. } => {
-                self.expiring.lock().unwrap().remove(&key);
-            }
-            Completion::DropRegistrations | Completion::Confirm => {}
-        }
     }
 
     /// Publishes the answer, unless the client has stopped waiting.
@@ -357,36 +316,17 @@ impl FrontEnd {
         self.metrics.request_seconds.with_label_values(&[command]).observe(request.received.elapsed().as_secs_f64());
         let payload = if status == 200 { Bytes::from(reply.response.encode()) } else { Bytes::new() };
         let properties = request.inbound.response_properties(status, reply.version.as_ref(), now);
-        self.connection.publish(request.inbound.response_topic.clone(), payload, properties, None);
+        let topic = request.inbound.response_topic.clone();
+        self.link.publish(Outbound { topic, payload, properties, delivery: None });
     }
 
-    /// Follows Raft's view of this node's role. A new leader first confirms its leadership and
-    /// applies everything committed, then publishes the notification backlog and takes over
-    /// the shadowed requests.
-    async fn leadership(self: Arc<Self>) {
-        let mut metrics = self.node.raft.metrics();
-        let mut leading_term: Option<u64> = None;
+    /// Follows the node's leadership: on gaining it the dispatcher takes over the shadow.
+    async fn follow_leadership(self: Arc<Self>) {
+        let mut leading = self.node.leader.leading();
         loop {
-            let (is_leader, term) = {
-                let current = metrics.borrow_and_update();
-                (current.state == ServerState::Leader, current.current_term)
-            };
-            if is_leader && leading_term != Some(term) {
-                if self.node.ensure_linearizable().await.is_ok() {
-                    leading_term = Some(term);
-                    tracing::info!(term, "leading: publishing the notification backlog and taking over");
-                    self.notifier.restart();
-                    let _ = self.dispatch.send(Dispatch::Gained);
-                } else {
-                    tokio::time::sleep(TICK).await;
-                }
-                continue;
-            }
-            if !is_leader && leading_term.take().is_some() {
-                self.notifier.stop();
-                let _ = self.dispatch.send(Dispatch::Lost);
-            }
-            if metrics.changed().await.is_err() {
+            let message = if leading.borrow_and_update().is_some() { Dispatch::Gained } else { Dispatch::Lost };
+            let _ = self.dispatch.send(message);
+            if leading.changed().await.is_err() {
                 return;
             }
         }
@@ -394,10 +334,9 @@ impl FrontEnd {
 
     /// A new broker session may have lost publishes of the last one: the leader publishes
     /// again from the oldest unconfirmed notification.
-    async fn follow_sessions(self: Arc<Self>) {
-        let mut sessions = self.connection.sessions.clone();
+    async fn follow_sessions(self: Arc<Self>, mut sessions: watch::Receiver<u64>) {
         while sessions.changed().await.is_ok() {
-            if self.is_leading() {
+            if self.node.leader.is_leading() {
                 self.notifier.restart();
             }
         }
@@ -441,82 +380,24 @@ impl FrontEnd {
         }
     }
 
-    /// On the leader: proposes `Expire` for every key whose deadline has passed.
-    async fn sweeper(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if !self.is_leading() {
-                continue;
-            }
-            let now = now_ms();
-            let due = match self.node.reader.due_keys(now, 256) {
-                Ok(due) => due,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot read the expiry index");
-                    continue;
-                }
-            };
-            for key in due {
-                if !self.expiring.lock().unwrap().insert(key.key.clone()) {
-                    continue;
-                }
-                let entry = Entry {
-                    operation: Operation::Expire { key: key.key.clone(), version: key.version },
-                    wall_clock_ms: now,
-                };
-                self.propose(entry, Completion::Expire { key: key.key, expires_at: key.expires_at });
-            }
-        }
-    }
-
-    /// On the leader: confirms through the log what the broker accepted, so the outbox shrinks
-    /// and a next leader does not publish it again.
-    async fn confirmer(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(CONFIRM_EVERY);
-        let mut confirmed: Option<u64> = None;
-        loop {
-            tick.tick().await;
-            if !self.is_leading() {
-                confirmed = None;
-                continue;
-            }
-            let Some(through) = self.notifier.settled() else { continue };
-            if confirmed.is_some_and(|c| c >= through) {
-                continue;
-            }
-            confirmed = Some(through);
-            let entry = Entry { operation: Operation::ConfirmNotifications { through }, wall_clock_ms: now_ms() };
-            self.propose(entry, Completion::Confirm);
-        }
-    }
-
-    /// Drops the registrations of clients whose session is gone (PUBACK `0x10`).
-    async fn drop_gone_clients(self: Arc<Self>, mut gone: mpsc::UnboundedReceiver<String>) {
-        let mut recent: HashMap<String, Instant> = HashMap::new();
-        while let Some(client_id) = gone.recv().await {
-            let now = Instant::now();
-            recent.retain(|_, at| now.duration_since(*at) < DROP_DEBOUNCE);
-            if recent.contains_key(&client_id) || !self.is_leading() {
-                continue;
-            }
-            recent.insert(client_id.clone(), now);
-            tracing::info!(client_id, "no subscriber for a notification: dropping the client's registrations");
-            let entry = Entry { operation: Operation::DropRegistrations { client_id }, wall_clock_ms: now_ms() };
-            self.propose(entry, Completion::DropRegistrations);
-        }
-    }
-
     /// Stops: a clean DISCONNECT, so the broker keeps the session for the next start.
     pub async fn stop(&self) {
-        self.connection.disconnect().await;
+        self.link.disconnect().await;
     }
 }
 
+/// Hands each received request to the dispatcher.
+fn request_sink(dispatch: &mpsc::UnboundedSender<Dispatch>) -> RequestSink {
+    let dispatch = dispatch.clone();
+    Box::new(move |publish| {
+        // Closed only when the dispatcher is gone, i.e. the node is stopping.
+        let _ = dispatch.send(Dispatch::Request(Box::new(publish)));
+    })
+}
+
 /// Acknowledges requests to the broker in the order they were handed over.
-async fn acknowledge(connection: Connection, mut acks: mpsc::UnboundedReceiver<Publish>) {
+async fn acknowledge(link: Arc<dyn Link>, mut acks: mpsc::UnboundedReceiver<Publish>) {
     while let Some(publish) = acks.recv().await {
-        connection.ack(&publish).await;
+        link.ack(&publish).await;
     }
 }

@@ -15,21 +15,22 @@ use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5::PublishProperties;
 use statestore_raft::StateReader;
 use statestore_statemachine::OutboxEntry;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
-use super::connection::{Connection, Delivery};
+use super::connection::{Delivery, Link, Outbound};
 use super::envelope::{CONTENT_TYPE, PROTOCOL_VERSION};
 use super::metrics::FrontEndMetrics;
+use crate::leader::{Leader, NotificationSink};
 
 const PAGE: usize = 256;
 
 pub struct Notifier {
     state: Arc<Mutex<State>>,
     reader: StateReader,
-    connection: Connection,
+    link: Arc<dyn Link>,
     metrics: FrontEndMetrics,
-    /// Client ids whose session is gone (PUBACK `0x10`).
-    gone: mpsc::UnboundedSender<String>,
+    /// Told of clients whose session is gone (PUBACK `0x10`).
+    leader: Leader,
 }
 
 #[derive(Default)]
@@ -47,18 +48,15 @@ struct State {
 }
 
 impl Notifier {
-    pub fn new(
-        reader: StateReader,
-        connection: Connection,
-        metrics: FrontEndMetrics,
-        gone: mpsc::UnboundedSender<String>,
-    ) -> Notifier {
-        Notifier { state: Arc::new(Mutex::new(State::default())), reader, connection, metrics, gone }
+    pub fn new(reader: StateReader, link: Arc<dyn Link>, metrics: FrontEndMetrics, leader: Leader) -> Notifier {
+        Notifier { state: Arc::new(Mutex::new(State::default())), reader, link, metrics, leader }
     }
+}
 
+impl NotificationSink for Notifier {
     /// Starts publishing from the oldest unconfirmed notification: on becoming leader, and
     /// after a broker session was lost (its publishes may be lost with it).
-    pub fn restart(&self) {
+    fn restart(&self) {
         {
             let mut state = self.state.lock().unwrap();
             let epoch = state.epoch + 1;
@@ -68,20 +66,20 @@ impl Notifier {
     }
 
     /// Stops publishing: another node leads.
-    pub fn stop(&self) {
+    fn stop(&self) {
         let mut state = self.state.lock().unwrap();
         state.active = false;
         state.epoch += 1;
     }
 
     /// The last sequence number of an unbroken run the broker accepted.
-    pub fn settled(&self) -> Option<u64> {
+    fn settled(&self) -> Option<u64> {
         let state = self.state.lock().unwrap();
         state.active.then_some(state.settled).flatten()
     }
 
     /// Publishes every notification in the outbox after the last one published.
-    pub fn publish_pending(&self) {
+    fn publish_pending(&self) {
         let mut state = self.state.lock().unwrap();
         if !state.active {
             return;
@@ -102,7 +100,9 @@ impl Notifier {
             }
         }
     }
+}
 
+impl Notifier {
     fn publish(&self, state: &mut State, entry: &OutboxEntry) {
         state.published = Some(entry.seq);
         let notification = &entry.notification;
@@ -122,18 +122,19 @@ impl Notifier {
         };
         let (delivery_tx, delivery_rx) = oneshot::channel();
         state.outstanding.insert(entry.seq, false);
-        self.connection.publish(topic, Bytes::from(notification.notification.encode()), properties, Some(delivery_tx));
+        let payload = Bytes::from(notification.notification.encode());
+        self.link.publish(Outbound { topic, payload, properties, delivery: Some(delivery_tx) });
         let (seq, epoch, client_id) = (entry.seq, state.epoch, notification.client_id.clone());
         let shared = self.state.clone();
         let metrics = self.metrics.clone();
-        let gone = self.gone.clone();
+        let leader = self.leader.clone();
         tokio::spawn(async move {
             let delivery = delivery_rx.await.unwrap_or(Delivery::Unknown);
             match delivery {
                 Delivery::Accepted => metrics.notifications_sent.inc(),
                 Delivery::NoSubscribers => {
                     metrics.notifications_sent.inc();
-                    let _ = gone.send(client_id);
+                    leader.client_gone(client_id);
                 }
                 Delivery::Refused(reason) => {
                     metrics.notifications_failed.inc();

@@ -4,6 +4,7 @@
 mod fill;
 mod partition;
 mod rate;
+mod snapshot;
 mod sustained;
 mod sweep;
 
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 pub use fill::fill;
 pub use partition::partition;
 pub use rate::rate;
+pub use snapshot::snapshot;
 pub use sustained::sustained;
 pub use sweep::sweep;
 

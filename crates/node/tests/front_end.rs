@@ -1,0 +1,286 @@
+//! The MQTT front end as a dispatch adapter, without a broker: requests are handed straight to
+//! the dispatcher and every publish and acknowledgement it makes is recorded by an in-process
+//! [`Link`]. A real single-node store (Raft and RocksDB in a temp dir) answers them, with its
+//! leader duties (expiry, notifications, registration drops) running beside the pipeline.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::Parser;
+use futures::future::BoxFuture;
+use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
+use rumqttc::v5::mqttbytes::QoS;
+use statestore_node::mqtt::{Delivery, FrontEnd, Link, Outbound, RequestSink};
+use statestore_node::{Args, Node, NodeConfig};
+use statestore_protocol::topic::{hex_upper, NOTIFICATION_PREFIX, REQUEST_TOPIC};
+use statestore_protocol::{Get, Hlc, KeyNotify, Notification, Response, Set};
+use tempfile::TempDir;
+use tokio::sync::{mpsc, watch};
+
+/// What the front end did on its link, in order.
+enum Event {
+    Published(Box<Outbound>),
+    Acked(u16),
+}
+
+struct RecordingLink {
+    events: mpsc::UnboundedSender<Event>,
+}
+
+impl Link for RecordingLink {
+    fn publish(&self, outbound: Outbound) {
+        let _ = self.events.send(Event::Published(Box::new(outbound)));
+    }
+
+    fn ack<'a>(&'a self, publish: &'a Publish) -> BoxFuture<'a, ()> {
+        let _ = self.events.send(Event::Acked(publish.pkid));
+        Box::pin(async {})
+    }
+
+    fn disconnect(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+struct Harness {
+    node: Arc<Node>,
+    front: Arc<FrontEnd>,
+    requests: RequestSink,
+    events: mpsc::UnboundedReceiver<Event>,
+    next_pkid: u16,
+    _dir: TempDir,
+}
+
+impl Harness {
+    /// A single-node store, leading, with a front end on a recording link.
+    async fn start() -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let data_dir = dir.path().join("data");
+        let args = Args::try_parse_from([
+            "statestore-node",
+            "--id=1",
+            "--listen=127.0.0.1:1",
+            &format!("--data-dir={}", data_dir.display()),
+            "--initial-members=1=http://127.0.0.1:1",
+        ])
+        .unwrap();
+        let config = NodeConfig::from_args(args).unwrap();
+        let node = Node::start(&config).await.unwrap();
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let (_sessions_tx, sessions) = watch::channel(0);
+        let link = Arc::new(RecordingLink { events: events_tx });
+        let (front, requests) = FrontEnd::with_link(node.clone(), link, sessions).unwrap();
+        let mut leading = node.leader.leading();
+        tokio::time::timeout(Duration::from_secs(10), leading.wait_for(|term| term.is_some()))
+            .await
+            .expect("the single node did not lead within 10 s")
+            .unwrap();
+        let mut harness = Harness { node, front, requests, events, next_pkid: 1, _dir: dir };
+        // The front end takes over once it hears of the leadership: a request it holds until
+        // then is answered then. Wait for the answer of one, so every test starts led.
+        let probe = harness.send("probe", 0, Get { key: b"probe".to_vec() }.encode(), |_| {});
+        let (mut answered, mut acked) = (false, false);
+        while !(answered && acked) {
+            match harness.next().await {
+                Event::Published(_) => answered = true,
+                Event::Acked(pkid) => acked = pkid == probe,
+            }
+        }
+        harness
+    }
+
+    /// Hands a request from `client` to the dispatcher, as the connection would; returns its
+    /// packet id.
+    fn send(&mut self, client: &str, correlation: u8, payload: Vec<u8>, edit: impl FnOnce(&mut Publish)) -> u16 {
+        let properties = PublishProperties {
+            response_topic: Some(format!("clients/{client}/response")),
+            correlation_data: Some(Bytes::from(vec![correlation; 16])),
+            message_expiry_interval: Some(10),
+            user_properties: vec![
+                ("__srcId".into(), client.to_string()),
+                ("__ts".into(), Hlc::new(now_ms(), 0, client).to_string()),
+                ("__protVer".into(), "1.0".into()),
+            ],
+            ..Default::default()
+        };
+        let mut publish = Publish::new(REQUEST_TOPIC, QoS::AtLeastOnce, payload, Some(properties));
+        publish.pkid = self.next_pkid;
+        self.next_pkid += 1;
+        edit(&mut publish);
+        let pkid = publish.pkid;
+        (self.requests)(publish);
+        pkid
+    }
+
+    async fn next(&mut self) -> Event {
+        tokio::time::timeout(Duration::from_secs(10), self.events.recv())
+            .await
+            .expect("nothing on the link within 10 s")
+            .expect("the link closed")
+    }
+
+    async fn next_publish(&mut self) -> Outbound {
+        match self.next().await {
+            Event::Published(outbound) => *outbound,
+            Event::Acked(pkid) => panic!("expected a publish, got the ack of {pkid}"),
+        }
+    }
+
+    async fn next_ack(&mut self) -> u16 {
+        match self.next().await {
+            Event::Acked(pkid) => pkid,
+            Event::Published(outbound) => panic!("expected an ack, got a publish on {}", outbound.topic),
+        }
+    }
+
+    /// The response to `pkid`, then its acknowledgement: responses are published before the
+    /// request is acknowledged.
+    async fn answer(&mut self, pkid: u16) -> (Response, Outbound) {
+        let response = self.next_publish().await;
+        assert_eq!(self.next_ack().await, pkid, "the answered request is acknowledged next");
+        (Response::decode(&response.payload).expect("a well-formed reply"), response)
+    }
+}
+
+fn now_ms() -> u64 {
+    statestore_node::node::now_ms()
+}
+
+fn metrics(node: &Node) -> String {
+    node.metrics.render(node.reader.committed_index())
+}
+
+fn user<'a>(outbound: &'a Outbound, name: &str) -> Option<&'a str> {
+    outbound.properties.user_properties.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+fn notification_topic(client: &str, key: &str) -> String {
+    format!("{NOTIFICATION_PREFIX}/{}/command/notify/{}", hex_upper(client.as_bytes()), hex_upper(key.as_bytes()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_are_answered_and_acknowledged_in_order() {
+    let mut h = Harness::start().await;
+    let mut sent = Vec::new();
+    for i in 0..50u8 {
+        sent.push(h.send("alpha", i, Set::new(format!("k{i}"), format!("v{i}")).encode(), |_| {}));
+    }
+    let read = h.send("alpha", 200, Get { key: b"k49".to_vec() }.encode(), |_| {});
+    // Responses in request order, acknowledgements in request order, and each request's
+    // response before its acknowledgement (the broker forgets it only once it is answered).
+    let (mut responses, mut acks) = (Vec::new(), Vec::new());
+    while acks.len() < sent.len() + 1 {
+        match h.next().await {
+            Event::Published(outbound) => responses.push((acks.len(), *outbound)),
+            Event::Acked(pkid) => acks.push(pkid),
+        }
+    }
+    let mut expected_acks = sent.clone();
+    expected_acks.push(read);
+    assert_eq!(acks, expected_acks);
+    assert_eq!(responses.len(), sent.len() + 1);
+    for (i, (acked_before, outbound)) in responses.iter().enumerate() {
+        assert!(*acked_before <= i, "request {i} was acknowledged before its response");
+        assert_eq!(outbound.topic, "clients/alpha/response");
+        assert_eq!(user(outbound, "__stat"), Some("200"));
+        let response = Response::decode(&outbound.payload).unwrap();
+        if i < sent.len() {
+            assert_eq!(outbound.properties.correlation_data.as_deref(), Some(&[i as u8; 16][..]));
+            assert_eq!(response, Response::Ok, "SET {i}");
+            assert!(user(outbound, "__ts").is_some(), "a SET answers with its version");
+        } else {
+            assert_eq!(response, Response::Value(b"v49".to_vec()), "a read sees the writes sent before it");
+        }
+    }
+    let rendered = metrics(&h.node);
+    assert!(rendered.contains("statestore_proposals_total{outcome=\"committed\"} 50"), "{rendered}");
+    h.front.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_get_an_error_or_a_logged_drop_and_are_acknowledged() {
+    let mut h = Harness::start().await;
+    // Not RESP3: an error answer.
+    let garbage = h.send("beta", 1, b"*1\r\n$3\r\nNOPE".to_vec(), |_| {});
+    let (response, _) = h.answer(garbage).await;
+    assert!(matches!(response, Response::Error(_)), "{response:?}");
+    // An unsupported protocol major: status 505 and the supported major.
+    let future = h.send("beta", 2, Set::new("k", "v").encode(), |p| {
+        let properties = p.properties.as_mut().unwrap();
+        properties.user_properties.retain(|(k, _)| k != "__protVer");
+        properties.user_properties.push(("__protVer".into(), "9.0".into()));
+    });
+    let outbound = h.next_publish().await;
+    assert_eq!(h.next_ack().await, future);
+    assert_eq!(user(&outbound, "__stat"), Some("505"));
+    assert_eq!(user(&outbound, "__supProtMajVer"), Some("1"));
+    // No response topic: nothing to answer to; acknowledged and dropped.
+    let topicless = h.send("beta", 3, Set::new("k", "v").encode(), |p| {
+        p.properties.as_mut().unwrap().response_topic = None;
+    });
+    assert_eq!(h.next_ack().await, topicless);
+    // QoS 0: dropped (nothing to acknowledge either), and the next request is still served.
+    let qos0 = h.send("beta", 4, Set::new("k", "v").encode(), |p| p.qos = QoS::AtMostOnce);
+    let fine = h.send("beta", 5, Get { key: b"k".to_vec() }.encode(), |_| {});
+    let (mut published, mut acks) = (Vec::new(), Vec::new());
+    while acks.last() != Some(&fine) {
+        match h.next().await {
+            Event::Published(outbound) => published.push(*outbound),
+            Event::Acked(pkid) => acks.push(pkid),
+        }
+    }
+    // The QoS 0 drop passes through the acker in order (a real connection skips it).
+    assert_eq!(acks, vec![qos0, fine]);
+    assert_eq!(published.len(), 1, "only the GET is answered");
+    let response = Response::decode(&published[0].payload).unwrap();
+    assert_eq!(response, Response::Nil, "none of the dropped SETs was applied");
+    let rendered = metrics(&h.node);
+    assert!(rendered.contains("statestore_requests_dropped_total{reason=\"qos0\"} 1"), "{rendered}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_go_out_before_the_response_and_a_gone_client_is_dropped() {
+    let mut h = Harness::start().await;
+    let register = h.send("watcher", 1, KeyNotify { key: b"door".to_vec(), stop: false }.encode(), |_| {});
+    assert_eq!(h.answer(register).await.0, Response::Ok);
+
+    let set = h.send("writer", 1, Set::new("door", "open").encode(), |_| {});
+    let notification = h.next_publish().await;
+    assert_eq!(notification.topic, notification_topic("watcher", "door"));
+    assert_eq!(Notification::decode(&notification.payload), Some(Notification::Set { value: b"open".to_vec() }));
+    assert!(user(&notification, "__ts").is_some());
+    let (response, _) = h.answer(set).await;
+    assert_eq!(response, Response::Ok, "the response comes after the notification");
+
+    // The broker says nobody subscribes for the watcher any more: its registrations go.
+    notification.delivery.expect("notifications want their PUBACK").send(Delivery::NoSubscribers).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !metrics(&h.node).contains("statestore_registrations_dropped_total 1") {
+        assert!(tokio::time::Instant::now() < deadline, "the watcher's registrations were not dropped");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let set = h.send("writer", 2, Set::new("door", "shut").encode(), |_| {});
+    let (response, _) = h.answer(set).await;
+    assert_eq!(response, Response::Ok, "no notification before this response: the registration is gone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_expires_keys_and_notifies_their_deletion() {
+    let mut h = Harness::start().await;
+    let register = h.send("watcher", 1, KeyNotify { key: b"lease".to_vec(), stop: false }.encode(), |_| {});
+    assert_eq!(h.answer(register).await.0, Response::Ok);
+    let mut set = Set::new("lease", "held");
+    set.expiry_ms = Some(200);
+    let set = h.send("holder", 1, set.encode(), |_| {});
+    let notification = h.next_publish().await;
+    assert_eq!(Notification::decode(&notification.payload), Some(Notification::Set { value: b"held".to_vec() }));
+    assert_eq!(h.answer(set).await.0, Response::Ok);
+    // Without a request in sight, the sweeper deletes the key and the deletion is notified.
+    let deletion = h.next_publish().await;
+    assert_eq!(deletion.topic, notification_topic("watcher", "lease"));
+    assert_eq!(Notification::decode(&deletion.payload), Some(Notification::Delete));
+    let get = h.send("holder", 2, Get { key: b"lease".to_vec() }.encode(), |_| {});
+    assert_eq!(h.answer(get).await.0, Response::Nil);
+    assert!(metrics(&h.node).contains("statestore_expired_keys_total 1"));
+}
