@@ -6,11 +6,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, Direction, Env, IteratorMode, Options, WriteBatch,
-    WriteOptions, DB,
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, Direction, Env, IteratorMode, Options,
+    SnapshotWithThreadMode, WriteBatch, WriteOptions, DB,
 };
 use statestore_statemachine::storage::ScanPage;
 use statestore_statemachine::{Batch, StorageError, StorageRead, Table};
+
+use crate::dedup_retention::{DedupHorizon, ExpiredDedupFilterFactory};
 
 /// Log index (u64 BE) → a bincode-encoded log entry.
 pub const LOG_CF: &str = "raft_log";
@@ -24,6 +26,9 @@ pub fn column_families() -> Vec<&'static str> {
     names
 }
 
+/// Column families earlier versions kept, dropped when a database is opened.
+const RETIRED_CFS: [&str; 1] = ["sm_dedup_expiry"];
+
 /// Memtable bytes of all column families together before RocksDB flushes.
 pub const MEMTABLE_BUDGET: usize = 64 << 20;
 /// The block cache every column family shares.
@@ -31,8 +36,9 @@ pub const BLOCK_CACHE_BYTES: usize = 64 << 20;
 /// Bloom filter bits per key of every table file (about 1% false positives).
 pub const BLOOM_BITS_PER_KEY: f64 = 10.0;
 
-/// Opens (or creates) the database at `path` with every column family.
-pub fn open(path: &Path) -> Result<Arc<DB>, rocksdb::Error> {
+/// Opens (or creates) the database at `path` with every column family. Compactions of the dedup
+/// table drop records expired at `dedup_horizon` (see [`crate::dedup_retention`]).
+pub fn open(path: &Path, dedup_horizon: &Arc<DedupHorizon>) -> Result<Arc<DB>, rocksdb::Error> {
     let mut options = Options::default();
     options.create_if_missing(true);
     options.create_missing_column_families(true);
@@ -62,12 +68,28 @@ pub fn open(path: &Path) -> Result<Arc<DB>, rocksdb::Error> {
     table.set_bloom_filter(BLOOM_BITS_PER_KEY, false);
     table.set_cache_index_and_filter_blocks(true);
     table.set_pin_l0_filter_and_index_blocks_in_cache(true);
-    let descriptors = column_families().into_iter().map(|name| {
-        let mut cf_options = Options::default();
-        cf_options.set_block_based_table_factory(&table);
-        ColumnFamilyDescriptor::new(name, cf_options)
-    });
-    Ok(Arc::new(DB::open_cf_descriptors(&options, path, descriptors)?))
+    // Every column family on disk must be opened, retired ones included, before they can go.
+    let retired: Vec<String> = DB::list_cf(&options, path)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|name| RETIRED_CFS.contains(&name.as_str()))
+        .collect();
+    let descriptors = column_families()
+        .into_iter()
+        .map(|name| {
+            let mut cf_options = Options::default();
+            cf_options.set_block_based_table_factory(&table);
+            if name == Table::Dedup.name() {
+                cf_options.set_compaction_filter_factory(ExpiredDedupFilterFactory::new(dedup_horizon.clone()));
+            }
+            ColumnFamilyDescriptor::new(name, cf_options)
+        })
+        .chain(retired.iter().map(|name| ColumnFamilyDescriptor::new(name, Options::default())));
+    let mut db = DB::open_cf_descriptors(&options, path, descriptors)?;
+    for name in &retired {
+        db.drop_cf(name)?;
+    }
+    Ok(Arc::new(db))
 }
 
 pub fn cf<'a>(db: &'a DB, name: &str) -> &'a ColumnFamily {
@@ -98,31 +120,63 @@ impl StorageRead for Tables<'_> {
     }
 
     fn scan(&self, table: Table, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Result<ScanPage, StorageError> {
-        let start = match after {
-            Some(after) if after >= prefix => {
-                let mut next = after.to_vec();
-                next.push(0);
-                next
-            }
-            _ => prefix.to_vec(),
-        };
-        let mut page = Vec::new();
-        if limit == 0 {
-            return Ok(page);
-        }
+        let start = scan_start(prefix, after);
         let iter = self.db.iterator_cf(cf(self.db, table.name()), IteratorMode::From(&start, Direction::Forward));
-        for item in iter {
-            let (key, value) = item.map_err(backend)?;
-            if !key.starts_with(prefix) {
-                break;
-            }
-            page.push((key.into_vec(), value.into_vec()));
-            if page.len() == limit {
-                break;
-            }
-        }
-        Ok(page)
+        scan_page(iter, prefix, limit)
     }
+}
+
+/// The state-machine tables as a RocksDB snapshot saw them.
+pub struct ViewTables<'a> {
+    pub db: &'a DB,
+    pub view: &'a SnapshotWithThreadMode<'a, DB>,
+}
+
+impl StorageRead for ViewTables<'_> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        self.view.get_cf(cf(self.db, table.name()), key).map_err(backend)
+    }
+
+    fn scan(&self, table: Table, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Result<ScanPage, StorageError> {
+        let start = scan_start(prefix, after);
+        let iter = self.view.iterator_cf(cf(self.db, table.name()), IteratorMode::From(&start, Direction::Forward));
+        scan_page(iter, prefix, limit)
+    }
+}
+
+/// Where a scan of `prefix` after `after` starts reading.
+fn scan_start(prefix: &[u8], after: Option<&[u8]>) -> Vec<u8> {
+    match after {
+        Some(after) if after >= prefix => {
+            let mut next = after.to_vec();
+            next.push(0);
+            next
+        }
+        _ => prefix.to_vec(),
+    }
+}
+
+/// Up to `limit` entries from `iter` while their keys start with `prefix`.
+fn scan_page(
+    iter: impl Iterator<Item = Result<(Box<[u8]>, Box<[u8]>), rocksdb::Error>>,
+    prefix: &[u8],
+    limit: usize,
+) -> Result<ScanPage, StorageError> {
+    let mut page = Vec::new();
+    if limit == 0 {
+        return Ok(page);
+    }
+    for item in iter {
+        let (key, value) = item.map_err(backend)?;
+        if !key.starts_with(prefix) {
+            break;
+        }
+        page.push((key.into_vec(), value.into_vec()));
+        if page.len() == limit {
+            break;
+        }
+    }
+    Ok(page)
 }
 
 /// Adds a state-machine [`Batch`] to a RocksDB write batch.
@@ -147,7 +201,7 @@ mod tests {
     #[test]
     fn scans_match_the_in_memory_storage() {
         let dir = tempfile::tempdir().unwrap();
-        let db = open(dir.path()).unwrap();
+        let db = open(dir.path(), &Default::default()).unwrap();
         let mut mem = MemStorage::new();
         let keys: Vec<&[u8]> = vec![b"", b"a", b"a\0", b"ab", b"abc", b"ab\xff", b"b", b"\xff\xff", b"abd"];
         let batch = Batch {

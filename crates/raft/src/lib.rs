@@ -4,6 +4,7 @@
 //! # Layout
 //! - [`types`]: [`TypeConfig`] and aliases of openraft's generic types.
 //! - [`db`]: the one RocksDB per node and its column families.
+//! - [`dedup_retention`]: compactions drop expired dedup records.
 //! - [`log_store`]: the log (fsynced before openraft is told it is on disk) and the vote.
 //! - [`state_store`]: apply (one write batch per call), snapshot build and install.
 //! - [`snapshot`]: the snapshot byte format, streamed to and from files, and the directory that
@@ -16,6 +17,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod db;
+pub mod dedup_retention;
 pub mod log_store;
 pub mod metrics;
 pub mod network;
@@ -47,6 +49,8 @@ pub enum OpenError {
     Db { path: String, source: rocksdb::Error },
     #[error("preparing {path}: {source}")]
     Io { path: String, source: io::Error },
+    #[error("reading the applied state in {path}: {detail}")]
+    State { path: String, detail: String },
     #[error("snapshots in {path}: {detail}")]
     Snapshot { path: String, detail: String },
 }
@@ -102,32 +106,34 @@ pub fn open(data_dir: &Path, config: Config, metrics: StorageMetrics) -> Result<
     };
     std::fs::create_dir_all(data_dir).map_err(io_error(data_dir))?;
     let db_path = data_dir.join("db");
-    let db = db::open(&db_path).map_err(|source| OpenError::Db { path: db_path.display().to_string(), source })?;
+    let shared = state_store::SharedState::default();
+    let db = db::open(&db_path, &shared.dedup_horizon)
+        .map_err(|source| OpenError::Db { path: db_path.display().to_string(), source })?;
     let snapshot_path = data_dir.join("snapshots");
     let snapshots = snapshot::SnapshotDir::new(&snapshot_path)
         .map_err(|e| OpenError::Snapshot { path: snapshot_path.display().to_string(), detail: e.to_string() })?;
     state_store::resume_install(&db, &snapshots)
         .map_err(|e| OpenError::Snapshot { path: snapshot_path.display().to_string(), detail: e.to_string() })?;
+    let clock = statestore_statemachine::meta::clock(&db::Tables { db: &db })
+        .map_err(|e| OpenError::State { path: db_path.display().to_string(), detail: e.to_string() })?;
+    shared.dedup_horizon.advance(clock);
     let committed = Arc::new(AtomicU64::new(0));
-    let log_bytes = Arc::new(LogBytes::default());
     if let Ok(Some((_, data))) = snapshots.current() {
-        log_bytes.set_snapshot_size(std::fs::metadata(data).map_or(0, |m| m.len()));
+        shared.log_bytes.set_snapshot_size(std::fs::metadata(data).map_or(0, |m| m.len()));
     }
-    let installing = Arc::new(AtomicBool::new(false));
     let (applied_requests, _) = broadcast::channel(APPLIED_FEED_CAPACITY);
     let machine = StateMachine::new(config);
-    let log =
-        LogStore::new(db.clone(), metrics.clone(), committed.clone(), log_bytes.clone()).map_err(io_error(data_dir))?;
-    let state = StateStore::new(
-        db.clone(),
-        machine.clone(),
-        snapshots,
-        metrics,
-        applied_requests.clone(),
-        log_bytes.clone(),
-        installing.clone(),
-    );
-    let reader = StateReader { db, machine, committed, applied_requests, log_bytes, installing };
+    let log = LogStore::new(db.clone(), metrics.clone(), committed.clone(), shared.log_bytes.clone())
+        .map_err(io_error(data_dir))?;
+    let reader = StateReader {
+        db: db.clone(),
+        machine: machine.clone(),
+        committed,
+        applied_requests: applied_requests.clone(),
+        log_bytes: shared.log_bytes.clone(),
+        installing: shared.installing.clone(),
+    };
+    let state = StateStore::new(db, machine, snapshots, metrics, applied_requests, shared);
     Ok(NodeStorage { log, state, reader })
 }
 
@@ -167,9 +173,12 @@ impl StateReader {
         statestore_statemachine::keyspace::due_keys(&db::Tables { db: &self.db }, now, limit)
     }
 
-    /// The stored reply of a request applied before, if its dedup entry is still kept.
+    /// The stored reply of a request applied before, if it is still retained at the applied
+    /// clock.
     pub fn dedup_lookup(&self, identity: &RequestIdentity) -> Result<Option<Reply>, StorageError> {
-        statestore_statemachine::dedup::lookup(&db::Tables { db: &self.db }, identity)
+        let tables = db::Tables { db: &self.db };
+        let now = statestore_statemachine::meta::clock(&tables)?;
+        statestore_statemachine::dedup::lookup(&tables, identity, now)
     }
 
     /// Up to `limit` notifications not yet confirmed as published, with `seq > after`, in order.

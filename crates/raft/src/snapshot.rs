@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! magic "statestore-snapshot\x01"
-//! record*: table (u8, index in Table::ALL) · key len (u32 BE) · key · value len (u32 BE) · value
+//! record*: table tag (u8, `table_tag`) · key len (u32 BE) · key · value len (u32 BE) · value
 //! end:     0xFF · record count (u64 BE) · CRC-32 of every byte before it (u32 BE)
 //! ```
 //!
@@ -81,8 +81,7 @@ impl<W: Write> SnapshotWriter<W> {
     }
 
     pub fn push(&mut self, table: Table, key: &[u8], value: &[u8]) -> io::Result<()> {
-        let tag = Table::ALL.iter().position(|t| *t == table).expect("every table is in Table::ALL") as u8;
-        self.write(&[tag])?;
+        self.write(&[table_tag(table)])?;
         for part in [key, value] {
             self.write(&(part.len() as u32).to_be_bytes())?;
             self.write(part)?;
@@ -149,36 +148,67 @@ impl<R: Read> RecordReader<R> {
 
     /// The next record; `None` once the end is reached and the whole snapshot checked.
     pub fn next_record(&mut self) -> Result<Option<Record>, SnapshotError> {
-        if self.done {
-            return Ok(None);
+        loop {
+            if self.done {
+                return Ok(None);
+            }
+            let mut tag = [0u8; 1];
+            self.read(&mut tag)?;
+            if tag[0] == END {
+                self.check_end()?;
+                return Ok(None);
+            }
+            let key = self.part()?;
+            let value = self.part()?;
+            self.records += 1;
+            if tag[0] != RETIRED_DEDUP_INDEX {
+                return Ok(Some((table_of(tag[0])?, key, value)));
+            }
         }
-        let mut tag = [0u8; 1];
-        self.read(&mut tag)?;
-        if tag[0] == END {
-            let mut count = [0u8; 8];
-            self.read(&mut count)?;
-            let expected = self.crc.clone().finalize();
-            let mut crc = [0u8; 4];
-            self.input.read_exact(&mut crc).map_err(|_| SnapshotError::Malformed("truncated checksum"))?;
-            if u32::from_be_bytes(crc) != expected {
-                return Err(SnapshotError::Checksum);
-            }
-            if u64::from_be_bytes(count) != self.records {
-                return Err(SnapshotError::Malformed("record count"));
-            }
-            let mut trailing = [0u8; 1];
-            if self.input.read(&mut trailing)? != 0 {
-                return Err(SnapshotError::Malformed("bytes after the checksum"));
-            }
-            self.done = true;
-            return Ok(None);
-        }
-        let table = *Table::ALL.get(usize::from(tag[0])).ok_or(SnapshotError::Malformed("unknown table"))?;
-        let key = self.part()?;
-        let value = self.part()?;
-        self.records += 1;
-        Ok(Some((table, key, value)))
     }
+
+    /// Checks the record count and the checksum after the end marker, and that nothing follows.
+    fn check_end(&mut self) -> Result<(), SnapshotError> {
+        let mut count = [0u8; 8];
+        self.read(&mut count)?;
+        let expected = self.crc.clone().finalize();
+        let mut crc = [0u8; 4];
+        self.input.read_exact(&mut crc).map_err(|_| SnapshotError::Malformed("truncated checksum"))?;
+        if u32::from_be_bytes(crc) != expected {
+            return Err(SnapshotError::Checksum);
+        }
+        if u64::from_be_bytes(count) != self.records {
+            return Err(SnapshotError::Malformed("record count"));
+        }
+        let mut trailing = [0u8; 1];
+        if self.input.read(&mut trailing)? != 0 {
+            return Err(SnapshotError::Malformed("bytes after the checksum"));
+        }
+        self.done = true;
+        Ok(())
+    }
+}
+
+/// The tag of a table's records. Tags never change meaning: a snapshot written by an earlier
+/// version reads the same.
+pub fn table_tag(table: Table) -> u8 {
+    match table {
+        Table::Keys => 0,
+        Table::Expiry => 1,
+        Table::Watchers => 2,
+        Table::WatchedKeys => 3,
+        Table::Dedup => 4,
+        Table::Outbox => 6,
+        Table::Meta => 7,
+    }
+}
+
+/// The tag of a table earlier versions kept (an index of dedup records by retention time):
+/// its records are checked like any other and skipped.
+const RETIRED_DEDUP_INDEX: u8 = 5;
+
+fn table_of(tag: u8) -> Result<Table, SnapshotError> {
+    Table::ALL.into_iter().find(|table| table_tag(*table) == tag).ok_or(SnapshotError::Malformed("unknown table"))
 }
 
 /// Reads a whole snapshot file, checking framing, record count and checksum; returns how many
@@ -404,6 +434,30 @@ mod tests {
                 (Table::Outbox, vec![0; 8], b"".to_vec())
             ]
         );
+    }
+
+    #[test]
+    fn records_of_the_retired_dedup_index_are_checked_and_skipped() {
+        let mut writer = SnapshotWriter::new(Vec::new()).unwrap();
+        writer.push(Table::Keys, b"k", b"v").unwrap();
+        // As an earlier version wrote its dedup index: tag 5, an empty value.
+        writer.write(&[RETIRED_DEDUP_INDEX, 0, 0, 0, 2, b'i', b'x', 0, 0, 0, 0]).unwrap();
+        writer.records += 1;
+        writer.push(Table::Meta, b"m", b"").unwrap();
+        let bytes = writer.finish().unwrap();
+        assert_eq!(
+            read_all(&bytes).unwrap(),
+            vec![(Table::Keys, b"k".to_vec(), b"v".to_vec()), (Table::Meta, b"m".to_vec(), Vec::new())]
+        );
+    }
+
+    #[test]
+    fn tags_are_distinct_and_stable() {
+        let tags: Vec<u8> = Table::ALL.iter().map(|t| table_tag(*t)).collect();
+        assert_eq!(tags, vec![0, 1, 2, 3, 4, 6, 7]);
+        for table in Table::ALL {
+            assert_eq!(table_of(table_tag(table)).unwrap(), table);
+        }
     }
 
     #[test]

@@ -23,10 +23,11 @@ use openraft::storage::RaftStateMachine;
 use openraft::{AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
 use rocksdb::{IteratorMode, WriteBatch, DB};
 use serde::de::DeserializeOwned;
-use statestore_statemachine::{Operation, Overlay, StateMachine, Table};
+use statestore_statemachine::{dedup, meta, Operation, Overlay, StateMachine, Table};
 use tokio::sync::broadcast;
 
-use crate::db::{add_to, cf, synced, Tables};
+use crate::db::{add_to, cf, synced, Tables, ViewTables};
+use crate::dedup_retention::DedupHorizon;
 use crate::metrics::StorageMetrics;
 use crate::snapshot::{verify, RecordReader, SnapshotDir, SnapshotError, SnapshotWriter, SyncingFile};
 use crate::types::{
@@ -69,9 +70,17 @@ pub struct StateStore {
     applied_requests: broadcast::Sender<AppliedRequests>,
     /// The temporary file of the snapshot being received, if any.
     receiving: Option<PathBuf>,
-    log_bytes: Arc<LogBytes>,
+    shared: SharedState,
+}
+
+/// What the state store shares with the node's reader and with RocksDB.
+#[derive(Clone, Default)]
+pub(crate) struct SharedState {
+    pub log_bytes: Arc<LogBytes>,
     /// Set while an install replaces the tables.
-    installing: Arc<AtomicBool>,
+    pub installing: Arc<AtomicBool>,
+    /// Advanced as batches are applied; held back while a snapshot is built.
+    pub dedup_horizon: Arc<DedupHorizon>,
 }
 
 impl StateStore {
@@ -81,10 +90,9 @@ impl StateStore {
         snapshots: SnapshotDir,
         metrics: StorageMetrics,
         applied_requests: broadcast::Sender<AppliedRequests>,
-        log_bytes: Arc<LogBytes>,
-        installing: Arc<AtomicBool>,
+        shared: SharedState,
     ) -> Self {
-        StateStore { db, machine, snapshots, metrics, applied_requests, receiving: None, log_bytes, installing }
+        StateStore { db, machine, snapshots, metrics, applied_requests, receiving: None, shared }
     }
 }
 
@@ -136,6 +144,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         if last_applied.is_none() {
             return Ok(results);
         }
+        let clock = meta::clock(&overlay).map_err(read_error)?;
         let mut batch = WriteBatch::default();
         add_to(&mut batch, &self.db, overlay.into_batch());
         let meta = cf(&self.db, Table::Meta.name());
@@ -145,6 +154,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         }
         // Not synced: the log entries are on disk already and are applied again after a crash.
         self.db.write(batch).map_err(write_error)?;
+        self.shared.dedup_horizon.advance(clock);
         self.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
         if !identities.is_empty() {
             // No subscriber (no MQTT front end) is not an error.
@@ -158,7 +168,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
             db: self.db.clone(),
             snapshots: self.snapshots.clone(),
             metrics: self.metrics.clone(),
-            log_bytes: self.log_bytes.clone(),
+            shared: self.shared.clone(),
         }
     }
 
@@ -195,8 +205,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         let db = self.db.clone();
         let snapshots = self.snapshots.clone();
         let snapshot_meta = meta.clone();
-        let installing = self.installing.clone();
-        let log_bytes = self.log_bytes.clone();
+        let shared = self.shared.clone();
         // Off the async workers: checking, writing and fsyncing a large snapshot takes seconds.
         in_background("snapshot-install", move || {
             if let Err(e) = verify(&temp) {
@@ -204,14 +213,16 @@ impl RaftStateMachine<TypeConfig> for StateStore {
                 return Err(snapshot_error(e));
             }
             let data = snapshots.keep(&snapshot_meta, &temp).map_err(snapshot_error)?;
-            log_bytes.set_snapshot_size(std::fs::metadata(&data).map_or(0, |m| m.len()));
-            installing.store(true, Ordering::Release);
+            shared.log_bytes.set_snapshot_size(std::fs::metadata(&data).map_or(0, |m| m.len()));
+            shared.installing.store(true, Ordering::Release);
             let installed = install(&db, &snapshot_meta, &data);
-            installing.store(false, Ordering::Release);
-            installed
+            shared.installing.store(false, Ordering::Release);
+            installed?;
+            shared.dedup_horizon.advance(meta::clock(&Tables { db: &db }).map_err(read_error)?);
+            Ok(())
         })
         .await??;
-        self.log_bytes.snapshot_taken();
+        self.shared.log_bytes.snapshot_taken();
         self.metrics.snapshots.with_label_values(&["installed"]).inc();
         Ok(())
     }
@@ -351,17 +362,18 @@ pub struct SnapshotBuilder {
     db: Arc<DB>,
     snapshots: SnapshotDir,
     metrics: StorageMetrics,
-    log_bytes: Arc<LogBytes>,
+    shared: SharedState,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot, RaftStorageError> {
         let started = Instant::now();
-        self.log_bytes.snapshot_taken();
+        self.shared.log_bytes.snapshot_taken();
         let db = self.db.clone();
         let snapshots = self.snapshots.clone();
-        let (meta, file) = in_background("snapshot-build", move || build(&db, &snapshots)).await??;
-        self.log_bytes.set_snapshot_size(file.metadata().map_or(0, |m| m.len()));
+        let horizon = self.shared.dedup_horizon.clone();
+        let (meta, file) = in_background("snapshot-build", move || build(&db, &snapshots, &horizon)).await??;
+        self.shared.log_bytes.set_snapshot_size(file.metadata().map_or(0, |m| m.len()));
         self.metrics.snapshot_build_seconds.observe(started.elapsed().as_secs_f64());
         self.metrics.snapshots.with_label_values(&["built"]).inc();
         Ok(Snapshot { meta, snapshot: Box::new(tokio::fs::File::from_std(file)) })
@@ -369,15 +381,26 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
 }
 
 /// Streams a consistent view of every table into a new kept snapshot; returns its metadata and
-/// its data file, open for reading.
-fn build(db: &DB, snapshots: &SnapshotDir) -> Result<(SnapshotMeta, std::fs::File), RaftStorageError> {
+/// its data file, open for reading. Dedup records expired at the view's clock are left out, so
+/// every node's snapshot at one log index holds the same records, however far its compactions
+/// got; `horizon` keeps compactions from dropping what the view must still see.
+fn build(
+    db: &DB,
+    snapshots: &SnapshotDir,
+    horizon: &Arc<DedupHorizon>,
+) -> Result<(SnapshotMeta, std::fs::File), RaftStorageError> {
+    let _pin = horizon.pin();
     let view = db.snapshot();
+    let clock = meta::clock(&ViewTables { db, view: &view }).map_err(read_error)?;
     let (temp, file) = snapshots.create_temp().map_err(snapshot_error)?;
     let written = (|| {
         let mut writer = SnapshotWriter::new(BufWriter::with_capacity(1 << 20, SyncingFile::new(file)))?;
         for table in Table::ALL {
             for item in view.iterator_cf(cf(db, table.name()), IteratorMode::Start) {
                 let (key, value) = item.map_err(std::io::Error::other)?;
+                if table == Table::Dedup && dedup::expired(&value, clock) {
+                    continue;
+                }
                 writer.push(table, &key, &value)?;
             }
         }

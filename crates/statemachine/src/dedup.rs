@@ -3,22 +3,30 @@
 
 use statestore_protocol::Response;
 
-use crate::codec::{pair_key, split_timed_key, timed_key, Reader, Writer};
+use crate::codec::{pair_key, Reader, Writer};
 use crate::entry::{Reply, RequestIdentity};
-use crate::meta;
 use crate::storage::{StorageError, StorageRead, Table, Txn};
 
 fn dedup_key(identity: &RequestIdentity) -> Vec<u8> {
     pair_key(identity.response_topic.as_bytes(), &identity.correlation_data)
 }
 
-/// The stored reply of an earlier copy of this request, if it is still retained.
-pub fn lookup(store: &(impl StorageRead + ?Sized), identity: &RequestIdentity) -> Result<Option<Reply>, StorageError> {
+/// The stored reply of an earlier copy of this request, if it is still retained at `now` (the
+/// replicated clock): a record whose retention ended is ignored as if it were gone, whether or
+/// not the storage has dropped it yet. So every node answers the same, however far each one's
+/// storage got with dropping expired records.
+pub fn lookup(
+    store: &(impl StorageRead + ?Sized),
+    identity: &RequestIdentity,
+    now: u64,
+) -> Result<Option<Reply>, StorageError> {
     let Some(bytes) = store.get(Table::Dedup, &dedup_key(identity))? else {
         return Ok(None);
     };
     let mut r = Reader::new(Table::Dedup, &bytes)?;
-    let _retain_until = r.u64()?;
+    if r.u64()? <= now {
+        return Ok(None);
+    }
     let response = Response::decode(r.bytes()?)
         .map_err(|_| StorageError::Corrupt { table: Table::Dedup, detail: "stored reply does not decode" })?;
     let version = r.opt_hlc()?;
@@ -26,60 +34,26 @@ pub fn lookup(store: &(impl StorageRead + ?Sized), identity: &RequestIdentity) -
     Ok(Some(Reply { response, version }))
 }
 
-/// Stores `reply` for `identity` until `retain_until` (ms since the epoch).
+/// Stores `reply` for `identity` until `retain_until` (ms since the epoch), replacing an
+/// expired record of the same request if there is one.
 pub(crate) fn remember(
     txn: &mut impl Txn,
     identity: &RequestIdentity,
     reply: &Reply,
     retain_until: u64,
 ) -> Result<(), StorageError> {
-    let key = dedup_key(identity);
     let record =
         Writer::new().u64(retain_until).bytes(&reply.response.encode()).opt_hlc(reply.version.as_ref()).finish();
-    txn.put(Table::DedupExpiry, timed_key(retain_until, &key), Vec::new());
-    txn.put(Table::Dedup, key, record);
+    txn.put(Table::Dedup, dedup_key(identity), record);
     Ok(())
 }
 
-/// Forgets up to `limit` entries whose retention ended at or before `now`, oldest first.
-///
-/// Reading starts after the last index key purged before: deletions stay in RocksDB as
-/// tombstones until compaction, and a scan from the start of the index would step over all of
-/// them on every apply (a purge that costs more the longer the store runs). New index keys are
-/// always past that point: they are retained until a later time than anything already purged.
-pub(crate) fn purge(txn: &mut impl Txn, now: u64, limit: usize) -> Result<usize, StorageError> {
-    let mut purged = 0;
-    let cursor = meta::dedup_purged_through(txn)?;
-    // Usually nothing is due: look at the oldest entry before reading a whole page.
-    let oldest = txn.scan(Table::DedupExpiry, &[], cursor.as_deref(), 1)?;
-    if oldest
-        .first()
-        .is_none_or(|(index_key, _)| split_timed_key(Table::DedupExpiry, index_key).is_ok_and(|(t, _)| t > now))
-    {
-        return Ok(0);
-    }
-    let mut last_purged = None;
-    for (index_key, _) in txn.scan(Table::DedupExpiry, &[], cursor.as_deref(), limit)? {
-        let (retain_until, key) = split_timed_key(Table::DedupExpiry, &index_key)?;
-        if retain_until > now {
-            break;
-        }
-        // A request remembered twice (re-executed after its entry was purged) has two index
-        // entries; only the one matching the stored record removes it.
-        if let Some(bytes) = txn.get(Table::Dedup, key)? {
-            let mut r = Reader::new(Table::Dedup, &bytes)?;
-            if r.u64()? == retain_until {
-                txn.delete(Table::Dedup, key.to_vec());
-            }
-        }
-        txn.delete(Table::DedupExpiry, index_key.clone());
-        last_purged = Some(index_key);
-        purged += 1;
-    }
-    if let Some(index_key) = last_purged {
-        meta::set_dedup_purged_through(txn, index_key);
-    }
-    Ok(purged)
+/// Whether a stored dedup record is past its retention at replicated time `now`: [`lookup`]
+/// ignores it from then on, for good (the clock never goes back), so the storage may drop it
+/// whenever it likes, e.g. while compacting. An unreadable record is kept, for the next read to
+/// report.
+pub fn expired(record: &[u8], now: u64) -> bool {
+    Reader::new(Table::Dedup, record).and_then(|mut r| r.u64()).is_ok_and(|retain_until| retain_until <= now)
 }
 
 #[cfg(test)]
@@ -92,27 +66,25 @@ mod tests {
     }
 
     #[test]
-    fn purges_continue_after_the_last_purged_key_and_forget_only_what_is_due() {
+    fn a_record_is_answered_until_its_retention_ends_and_ignored_after() {
         let mut storage = MemStorage::new();
         let reply = Reply { response: Response::Ok, version: None };
         let mut txn = Overlay::new(&storage);
-        for n in 0..10u8 {
-            remember(&mut txn, &identity(n), &reply, 1_000 + u64::from(n)).unwrap();
-        }
+        remember(&mut txn, &identity(1), &reply, 1_000).unwrap();
         let batch = txn.into_batch();
         storage.write(batch).unwrap();
+        assert_eq!(lookup(&storage, &identity(1), 999).unwrap(), Some(reply.clone()));
+        assert_eq!(lookup(&storage, &identity(1), 1_000).unwrap(), None, "retained until, not through");
+        assert_eq!(lookup(&storage, &identity(2), 0).unwrap(), None);
 
+        let record = storage.get(Table::Dedup, &dedup_key(&identity(1))).unwrap().unwrap();
+        assert!(!expired(&record, 999));
+        assert!(expired(&record, 1_000));
+        assert!(!expired(b"garbage", u64::MAX), "kept for a read to report");
+
+        // Remembered again after it expired: the new retention counts.
         let mut txn = Overlay::new(&storage);
-        assert_eq!(purge(&mut txn, 1_004, 3).unwrap(), 3, "at most the limit");
-        assert_eq!(meta::dedup_purged_through(&txn).unwrap(), Some(timed_key(1_002, &dedup_key(&identity(2)))));
-        assert_eq!(purge(&mut txn, 1_004, 10).unwrap(), 2, "the next purge starts after the cursor");
-        assert_eq!(purge(&mut txn, 1_004, 10).unwrap(), 0, "nothing else is due");
-        for n in 0..10u8 {
-            assert_eq!(lookup(&txn, &identity(n)).unwrap().is_some(), n > 4, "request {n}");
-        }
-        // A request remembered now is retained past everything purged: the cursor never skips it.
-        remember(&mut txn, &identity(20), &reply, 2_000).unwrap();
-        assert_eq!(purge(&mut txn, 2_000, 100).unwrap(), 6);
-        assert!(lookup(&txn, &identity(20)).unwrap().is_none());
+        remember(&mut txn, &identity(1), &reply, 5_000).unwrap();
+        assert_eq!(lookup(&txn, &identity(1), 2_000).unwrap(), Some(reply));
     }
 }

@@ -23,8 +23,6 @@ pub struct Config {
     pub default_message_expiry_secs: u32,
     /// Dedup entries are kept for the request's message expiry plus this.
     pub dedup_grace_ms: u64,
-    /// How many expired dedup entries one apply may purge; keeps every apply cheap.
-    pub dedup_purge_per_entry: usize,
 }
 
 impl Default for Config {
@@ -35,7 +33,6 @@ impl Default for Config {
             scan: ScanLimits::default(),
             default_message_expiry_secs: 10,
             dedup_grace_ms: 60_000,
-            dedup_purge_per_entry: 64,
         }
     }
 }
@@ -92,12 +89,11 @@ impl StateMachine {
     /// the last applied log index) atomically.
     pub fn apply(&self, txn: &mut impl Txn, entry: &Entry) -> Result<Applied, StorageError> {
         let now = meta::advance_clock(txn, entry.wall_clock_ms)?;
-        dedup::purge(txn, now, self.config.dedup_purge_per_entry)?;
         let mut apply = Apply { txn, config: &self.config, now, notifications: Vec::new() };
         let reply = match &entry.operation {
             Operation::Request(request) => {
                 if let Some(identity) = &request.identity {
-                    if let Some(reply) = dedup::lookup(apply.txn, identity)? {
+                    if let Some(reply) = dedup::lookup(apply.txn, identity, now)? {
                         return Ok(Applied { reply, notifications: Vec::new(), deduplicated: true });
                     }
                 }

@@ -14,20 +14,9 @@ const VERSION: &[u8] = b"version";
 const KEY_COUNT: &[u8] = b"key_count";
 const BYTE_COUNT: &[u8] = b"byte_count";
 const OUTBOX_NEXT: &[u8] = b"outbox_next";
-const DEDUP_PURGED_THROUGH: &[u8] = b"dedup_purged_through";
 
 /// Meta keys the state machine owns; other layers sharing [`Table::Meta`] must not use them.
-pub const RESERVED_META_KEYS: [&[u8]; 6] = [CLOCK, VERSION, KEY_COUNT, BYTE_COUNT, OUTBOX_NEXT, DEDUP_PURGED_THROUGH];
-
-/// The last dedup-expiry index key purged, if any: where the next purge starts reading, past
-/// the deletions RocksDB keeps as tombstones until it compacts them.
-pub(crate) fn dedup_purged_through(store: &(impl StorageRead + ?Sized)) -> Result<Option<Vec<u8>>, StorageError> {
-    store.get(Table::Meta, DEDUP_PURGED_THROUGH)
-}
-
-pub(crate) fn set_dedup_purged_through(txn: &mut impl Txn, index_key: Vec<u8>) {
-    txn.put(Table::Meta, DEDUP_PURGED_THROUGH.to_vec(), index_key);
-}
+pub const RESERVED_META_KEYS: [&[u8]; 5] = [CLOCK, VERSION, KEY_COUNT, BYTE_COUNT, OUTBOX_NEXT];
 
 fn read_u64(store: &(impl StorageRead + ?Sized), key: &[u8]) -> Result<u64, StorageError> {
     store.get(Table::Meta, key)?.map_or(Ok(0), |v| decode_u64(Table::Meta, &v))

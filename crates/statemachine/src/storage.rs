@@ -16,10 +16,10 @@ pub enum Table {
     Watchers,
     /// len(client id) (u32 BE) ++ client id ++ key → (): what a client observes.
     WatchedKeys,
-    /// len(response topic) (u32 BE) ++ response topic ++ correlation data → stored reply.
+    /// len(response topic) (u32 BE) ++ response topic ++ correlation data → retention
+    /// deadline and stored reply. Never deleted by the state machine: records past their
+    /// deadline are ignored, and the storage drops them when it likes (`dedup::expired`).
     Dedup,
-    /// retention deadline (u64 BE) ++ dedup key → (): purges the dedup table in order.
-    DedupExpiry,
     /// sequence number (u64 BE) → a key notification not yet confirmed as published.
     Outbox,
     /// state-machine metadata: clock, last version, counters, outbox sequence.
@@ -27,16 +27,8 @@ pub enum Table {
 }
 
 impl Table {
-    pub const ALL: [Table; 8] = [
-        Table::Keys,
-        Table::Expiry,
-        Table::Watchers,
-        Table::WatchedKeys,
-        Table::Dedup,
-        Table::DedupExpiry,
-        Table::Outbox,
-        Table::Meta,
-    ];
+    pub const ALL: [Table; 7] =
+        [Table::Keys, Table::Expiry, Table::Watchers, Table::WatchedKeys, Table::Dedup, Table::Outbox, Table::Meta];
 
     /// A stable name, e.g. for a RocksDB column family.
     pub fn name(self) -> &'static str {
@@ -46,7 +38,6 @@ impl Table {
             Table::Watchers => "sm_watchers",
             Table::WatchedKeys => "sm_watched_keys",
             Table::Dedup => "sm_dedup",
-            Table::DedupExpiry => "sm_dedup_expiry",
             Table::Outbox => "sm_outbox",
             Table::Meta => "sm_meta",
         }

@@ -286,7 +286,7 @@ proptest! {
 
     #[test]
     fn state_machine_matches_the_model(steps in prop::collection::vec(step(), 1..80)) {
-        let config = Config { max_keys: MAX_KEYS, max_bytes: MAX_BYTES, dedup_purge_per_entry: 100_000, ..Config::default() };
+        let config = Config { max_keys: MAX_KEYS, max_bytes: MAX_BYTES, ..Config::default() };
         let machine = StateMachine::new(config);
         let mut store = MemStorage::new();
         let mut model = Model::default();
