@@ -59,13 +59,9 @@ pub fn open(path: &Path, dedup_horizon: &Arc<DedupHorizon>) -> Result<Arc<DB>, r
     env.lower_thread_pool_io_priority();
     options.set_env(&env);
     let cache = Cache::new_lru_cache(BLOCK_CACHE_BYTES);
-    let mut table = BlockBasedOptions::default();
+    let mut table = table_format();
     table.set_block_cache(&cache);
-    // Most point reads miss: a new key's record, a new request's dedup entry. Without filters a
-    // miss reads an index block of every L0 file and every level, so a growing store slows each
-    // write; with 10 bits per key a miss almost never touches a data block. The filters live in
-    // the block cache (bounded) and those of L0 stay pinned there.
-    table.set_bloom_filter(BLOOM_BITS_PER_KEY, false);
+    // The filters live in the block cache (bounded) and those of L0 stay pinned there.
     table.set_cache_index_and_filter_blocks(true);
     table.set_pin_l0_filter_and_index_blocks_in_cache(true);
     // Every column family on disk must be opened, retired ones included, before they can go.
@@ -90,6 +86,24 @@ pub fn open(path: &Path, dedup_horizon: &Arc<DedupHorizon>) -> Result<Arc<DB>, r
         db.drop_cf(name)?;
     }
     Ok(Arc::new(db))
+}
+
+/// The format of every table file: block based, with a bloom filter. Most point reads miss (a
+/// new key's record, a new request's dedup entry); without filters a miss reads an index block
+/// of every L0 file and every level, so a growing store slows each write; with 10 bits per key a
+/// miss almost never touches a data block.
+fn table_format() -> BlockBasedOptions {
+    let mut table = BlockBasedOptions::default();
+    table.set_bloom_filter(BLOOM_BITS_PER_KEY, false);
+    table
+}
+
+/// Options for writing table files outside the database (`SstFileWriter`) to ingest into it:
+/// the same format as the files RocksDB writes itself.
+pub fn external_file_options() -> Options {
+    let mut options = Options::default();
+    options.set_block_based_table_factory(&table_format());
+    options
 }
 
 pub fn cf<'a>(db: &'a DB, name: &str) -> &'a ColumnFamily {

@@ -266,6 +266,12 @@ pub struct SnapshotDir {
 }
 
 impl SnapshotDir {
+    /// A new temporary path in the directory, removed on the next open if it is left behind.
+    pub fn temp_path(&self, name: &str) -> PathBuf {
+        let n = self.next_temp.fetch_add(1, Ordering::Relaxed);
+        self.dir.join(format!("{name}-{}-{n}{TEMP_SUFFIX}", std::process::id()))
+    }
+
     /// Opens the directory: removes temporary files of interrupted writes and converts a
     /// `current` from before data files.
     pub fn new(dir: impl Into<PathBuf>) -> Result<SnapshotDir, SnapshotError> {
@@ -288,8 +294,7 @@ impl SnapshotDir {
 
     /// A new temporary file in the directory, open for reading and writing.
     pub fn create_temp(&self) -> io::Result<(PathBuf, fs::File)> {
-        let n = self.next_temp.fetch_add(1, Ordering::Relaxed);
-        let path = self.dir.join(format!("incoming-{}-{n}{TEMP_SUFFIX}", std::process::id()));
+        let path = self.temp_path("incoming");
         let file = fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path)?;
         Ok((path, file))
     }
