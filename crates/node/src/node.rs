@@ -65,6 +65,11 @@ pub fn proposal_clock(request: &Request, now_ms: u64) -> u64 {
     }
 }
 
+/// How long one chunk of a snapshot sent to another node may take, the last one included, whose
+/// answer waits for the whole install (seconds for a million keys). openraft's default (200 ms)
+/// made a leader on a busy machine give up on every chunk and send the snapshot again, for good.
+pub const SNAPSHOT_CHUNK_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A started node.
 pub struct Node {
     pub id: NodeId,
@@ -95,6 +100,7 @@ impl Node {
             election_timeout_max: config.election_max.as_millis() as u64,
             // Bounds one append request: with 1 MiB values, 64 entries stay under the body limit.
             max_payload_entries: 64,
+            install_snapshot_timeout: SNAPSHOT_CHUNK_TIMEOUT.as_millis() as u64,
             // Snapshots are triggered by this node (`snapshot_policy`), by entries and by bytes.
             snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: config.logs_kept,
