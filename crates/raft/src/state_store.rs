@@ -523,14 +523,30 @@ mod tests {
         db.put_cf(cf(db, Table::Meta.name()), LAST_APPLIED, encode(&applied).unwrap()).unwrap();
     }
 
-    #[tokio::test]
-    async fn records_are_ingested_through_several_table_files_and_none_is_left_behind() {
+    /// The temporary table files of installs left in a node's snapshot directory.
+    fn install_files_left(data_dir: &Path) -> Vec<String> {
+        std::fs::read_dir(data_dir.join("snapshots"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("install"))
+            .collect()
+    }
+
+    /// A source node of `keys` keys with a snapshot built: its directory (kept alive), the
+    /// snapshot, its data file and every record it holds.
+    async fn source_snapshot(keys: usize) -> (tempfile::TempDir, Snapshot, PathBuf, Vec<(Table, String, usize)>) {
         let source = tempfile::tempdir().unwrap();
         let mut from = open(source.path());
-        fill(&from.reader.db, 3_000);
+        fill(&from.reader.db, keys);
         let snapshot = from.state.get_snapshot_builder().await.build_snapshot().await.unwrap();
         let (_, data) = from.state.snapshots.current().unwrap().unwrap();
         let expected = dump(&from.reader.db);
+        (source, snapshot, data, expected)
+    }
+
+    #[tokio::test]
+    async fn records_are_ingested_through_several_table_files_and_none_is_left_behind() {
+        let (_source, snapshot, data, expected) = source_snapshot(3_000).await;
 
         let dir = tempfile::tempdir().unwrap();
         let to = open(dir.path());
@@ -551,11 +567,24 @@ mod tests {
         let mut installed = dump(db);
         installed.retain(|(table, key, _)| !(*table == Table::Meta && key.contains("installing")));
         assert_eq!(installed, expected);
-        let left: Vec<_> = std::fs::read_dir(dir.path().join("snapshots"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|name| name.starts_with("install"))
-            .collect();
+        let left = install_files_left(dir.path());
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn a_snapshot_out_of_key_order_is_refused_and_leaves_no_table_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let to = open(dir.path());
+        let db = &to.reader.db;
+        let data = dir.path().join("unordered.data");
+        let mut writer = SnapshotWriter::new(std::fs::File::create(&data).unwrap()).unwrap();
+        writer.push(Table::Keys, b"b", b"1").unwrap();
+        writer.push(Table::Keys, b"a", b"2").unwrap();
+        writer.finish().unwrap();
+        let meta = SnapshotMeta { last_log_id: None, last_membership: Default::default(), snapshot_id: "x".into() };
+        assert!(load_records(db, &meta, &data, &to.state.snapshots).is_err());
+        assert!(db.get_cf(cf(db, Table::Keys.name()), b"b").unwrap().is_none(), "nothing was ingested");
+        let left = install_files_left(dir.path());
         assert!(left.is_empty(), "{left:?}");
     }
 
@@ -587,13 +616,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_received_snapshot_is_installed_from_its_file_and_a_damaged_one_changes_nothing() {
-        let source = tempfile::tempdir().unwrap();
-        let mut from = open(source.path());
-        fill(&from.reader.db, 5_000);
-        let snapshot = from.state.get_snapshot_builder().await.build_snapshot().await.unwrap();
-        let (_, data) = from.state.snapshots.current().unwrap().unwrap();
+        let (_source, snapshot, data, expected) = source_snapshot(5_000).await;
         let bytes = std::fs::read(data).unwrap();
-        let expected = dump(&from.reader.db);
 
         let dir = tempfile::tempdir().unwrap();
         let mut to = open(dir.path());
