@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use openraft::error::{ForwardToLeader, InitializeError, RaftError};
 use openraft::{BasicNode, SnapshotPolicy};
 use statestore_protocol::Request;
-use statestore_raft::{NetworkFactory, Node as RaftNode, NodeId, Raft, StateReader, StorageMetrics};
+use statestore_raft::{Elector, NetworkFactory, Node as RaftNode, NodeId, Raft, StateReader, StorageMetrics};
 use statestore_statemachine::{Applied, ClientRequest, Config as MachineConfig, Entry, Operation, Reply};
 
 use crate::config::NodeConfig;
@@ -81,6 +81,8 @@ pub struct Node {
     pub pipeline: Pipeline,
     /// What this node does while it leads: expiry, notification publishing and confirmation.
     pub leader: Leader,
+    /// Decides when this node stands for election, and answers other nodes' pre-votes.
+    pub elector: Elector,
     /// Whether the MQTT front end is connected to its broker, once it is started.
     pub broker_connected: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>>,
     /// The applied index the last `request_snapshot` asked a snapshot to cover.
@@ -104,11 +106,23 @@ impl Node {
             // Snapshots are triggered by this node (`snapshot_policy`), by entries and by bytes.
             snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: config.logs_kept,
+            // The elector stands for election, after a pre-vote (statestore_raft::election).
+            enable_elect: false,
             ..Default::default()
         };
         let raft_config = Arc::new(raft_config.validate()?);
         let network = NetworkFactory::new(config.heartbeat, config.peer_routes.clone())?;
-        let raft = Raft::new(config.id, raft_config, network, storage.log, storage.state).await?;
+        let log = storage.log.reader();
+        let raft = Raft::new(config.id, raft_config, network.clone(), storage.log, storage.state).await?;
+        let elector = Elector::new(
+            config.id,
+            raft.clone(),
+            log,
+            network,
+            (config.election_min, config.election_max),
+            config.heartbeat,
+            &metrics.registry,
+        )?;
         let pipeline = Pipeline::start(raft.clone(), storage.reader.clone(), metrics.clone());
         let leader = Leader::start(raft.clone(), pipeline.clone(), storage.reader.clone(), &metrics.registry)?;
         let node = Arc::new(Node {
@@ -119,6 +133,7 @@ impl Node {
             metrics,
             pipeline,
             leader,
+            elector: elector.clone(),
             broker_connected: std::sync::OnceLock::new(),
             snapshot_wanted: Arc::new(AtomicU64::new(0)),
         });
@@ -131,6 +146,7 @@ impl Node {
             config.snapshot_log_bytes,
         ));
         node.bootstrap(&config.initial_members, &config.peer_routes).await?;
+        elector.start();
         Ok(node)
     }
 

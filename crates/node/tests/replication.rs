@@ -240,3 +240,78 @@ async fn large_values_and_a_paused_follower_reach_every_node() {
         }
     }
 }
+
+/// The terms of the running nodes, by node.
+async fn terms(cluster: &Cluster) -> BTreeMap<u64, u64> {
+    let mut terms = BTreeMap::new();
+    for id in cluster.running() {
+        let status = cluster.status(id).await.unwrap_or_else(|| panic!("node {id} does not answer"));
+        terms.insert(id, status["term"].as_u64().unwrap());
+    }
+    terms
+}
+
+/// A follower paused for longer than the election timeout, three times, comes back as a
+/// follower: its pre-vote finds the other nodes still hearing the leader, so it does not stand
+/// for election, and the leader and its term stay as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_follower_resumes_without_unseating_the_leader() {
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader().await;
+    let before = terms(&cluster).await;
+    let follower = cluster.running().into_iter().find(|id| *id != leader).unwrap();
+    for round in 0..3 {
+        cluster.signal(follower, "STOP");
+        // Writes while it sleeps leave its log behind the others'.
+        for i in 0..20 {
+            let answer = cluster.set(leader, &format!("paused-{round}-{i}"), "v").await.unwrap();
+            assert_eq!(answer.response, Response::Ok);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        cluster.signal(follower, "CONT");
+        // Long enough for an election it might start, and for its outcome.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let answer = cluster.set(leader, &format!("resumed-{round}"), "v").await;
+        assert!(
+            matches!(&answer, Ok(a) if a.response == Response::Ok),
+            "round {round}: the leader stopped serving after a follower resumed: {answer:?}\n{}",
+            cluster.logs()
+        );
+    }
+    assert_eq!(cluster.wait_leader().await, leader);
+    assert_eq!(terms(&cluster).await, before, "a resumed follower raised the term\n{}", cluster.logs());
+    let prevotes = common::metric(&cluster.metrics(follower).await, "statestore_prevotes_total{outcome=\"lost\"}");
+    assert!(prevotes.is_some_and(|lost| lost >= 1.0), "the follower held no pre-vote: {prevotes:?}");
+}
+
+/// A paused leader is replaced by one of the others, which serves writes; once resumed, the old
+/// leader follows the new term, and nobody stands for election again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_is_replaced_and_follows_once_resumed() {
+    let cluster = Cluster::start(3, &[]).await;
+    let old = cluster.wait_leader().await;
+    let term = cluster.status(old).await.unwrap()["term"].as_u64().unwrap();
+    let others: Vec<u64> = cluster.running().into_iter().filter(|id| *id != old).collect();
+    cluster.signal(old, "STOP");
+    let until = Instant::now() + DEADLINE;
+    let new = 'written: loop {
+        for id in &others {
+            if let Ok(answer) = cluster.set(*id, "after-pause", "v").await {
+                assert_eq!(answer.response, Response::Ok);
+                break 'written *id;
+            }
+        }
+        assert!(Instant::now() < until, "no other node took over\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    cluster.signal(old, "CONT");
+    let leader = cluster.wait_leader().await;
+    assert_eq!(leader, new, "node {old} was paused, node {new} took over, node {leader} leads\n{}", cluster.logs());
+    let after = terms(&cluster).await;
+    assert!(after.values().all(|t| *t > term), "the new leader's term is everyone's: {after:?}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(terms(&cluster).await, after, "an election followed the resume\n{}", cluster.logs());
+    assert_eq!(cluster.wait_leader().await, new);
+    let read = cluster.get(new, "after-pause").await.unwrap();
+    assert_eq!(read.response, Response::Value(b"v".to_vec()));
+}

@@ -9,6 +9,7 @@
 //! - [`state_store`]: apply (one write batch per call), snapshot build and install.
 //! - [`snapshot`]: the snapshot byte format, streamed to and from files, and the directory that
 //!   keeps the latest snapshot.
+//! - [`election`]: when a node stands for election (a pre-vote first).
 //! - [`network`]: the HTTP client side of the Raft RPCs; [`wire`]: their encoding.
 //! - [`metrics`]: fsync, apply and snapshot metrics.
 
@@ -18,6 +19,7 @@
 
 pub mod db;
 pub mod dedup_retention;
+pub mod election;
 pub mod log_store;
 pub mod metrics;
 pub mod network;
@@ -36,7 +38,8 @@ use statestore_protocol::Request;
 use statestore_statemachine::{Config, DueKey, OutboxEntry, Reply, RequestIdentity, StateMachine, StorageError};
 use tokio::sync::broadcast;
 
-pub use log_store::LogStore;
+pub use election::Elector;
+pub use log_store::{LogReader, LogStore};
 pub use metrics::StorageMetrics;
 pub use network::NetworkFactory;
 pub use state_store::StateStore;

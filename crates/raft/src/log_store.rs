@@ -54,6 +54,12 @@ impl LogReader {
         }
     }
 
+    /// The id of the last entry in the log, or of the last one purged when the log is empty.
+    pub fn last_log_id(&self) -> Result<Option<LogId>, RaftStorageError> {
+        let last_purged: Option<LogId> = self.meta(LAST_PURGED)?;
+        Ok(self.last_entry_id()?.or(last_purged))
+    }
+
     fn last_entry_id(&self) -> Result<Option<LogId>, RaftStorageError> {
         let mut iter = self.db.iterator_cf(cf(&self.db, LOG_CF), IteratorMode::End);
         match iter.next() {
@@ -129,6 +135,11 @@ impl LogStore {
         Ok(LogStore { reader: LogReader { db }, flushes: Some(flushes), flusher: Some(flusher), committed, log_bytes })
     }
 
+    /// A reader of this log, for the node (the elector reads the last log id).
+    pub fn reader(&self) -> LogReader {
+        self.reader.clone()
+    }
+
     fn db(&self) -> &DB {
         &self.reader.db
     }
@@ -171,7 +182,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, RaftStorageError> {
         let last_purged_log_id: Option<LogId> = self.reader.meta(LAST_PURGED)?;
-        let last_log_id = self.reader.last_entry_id()?.or(last_purged_log_id);
+        let last_log_id = self.reader.last_log_id()?;
         Ok(LogState { last_purged_log_id, last_log_id })
     }
 

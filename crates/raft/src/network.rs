@@ -1,6 +1,7 @@
 //! The Raft network: each RPC is one HTTP POST with a bincode body to the target node's
 //! `/raft/append`, `/raft/vote` or `/raft/snapshot`, answered with a bincode
-//! `Result<response, RaftError>`.
+//! `Result<response, RaftError>`; the [`election`](crate::election) pre-votes go to
+//! `/raft/prevote`.
 //!
 //! A peer that refuses the connection is `Unreachable`, so openraft backs off instead of
 //! retrying at once. A peer that does not answer within the RPC's deadline is a `Timeout`: it
@@ -26,6 +27,7 @@ use openraft::EntryPayload;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::election::{PreVoteRequest, PreVoteResponse, PREVOTE_PATH};
 use crate::types::{Node, NodeId, TypeConfig};
 use crate::wire::{decode, encode, CONTENT_TYPE};
 
@@ -62,6 +64,39 @@ impl NetworkFactory {
     }
 }
 
+impl NetworkFactory {
+    /// Where this node reaches `target`: its route, or the address it advertises.
+    fn address(&self, target: NodeId, node: &Node) -> String {
+        self.routes.get(&target).unwrap_or(&node.addr).trim_end_matches('/').to_string()
+    }
+
+    /// Asks `target` for a pre-vote; an error says why it did not answer in `timeout`.
+    pub async fn prevote(
+        &self,
+        target: NodeId,
+        node: &Node,
+        request: &PreVoteRequest,
+        timeout: Duration,
+    ) -> Result<PreVoteResponse, String> {
+        let body = encode(request).map_err(|e| format!("encoding the request: {e}"))?;
+        let response = self
+            .client
+            .post(format!("{}{PREVOTE_PATH}", self.address(target, node)))
+            .header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE)
+            .timeout(timeout)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            return Err(format!("{PREVOTE_PATH} answered {status}: {}", String::from_utf8_lossy(&bytes)));
+        }
+        decode(&bytes).map_err(|e| format!("decoding the answer of {PREVOTE_PATH}: {e}"))
+    }
+}
+
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerClient;
 
@@ -69,7 +104,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
         PeerClient {
             client: self.client.clone(),
             target,
-            addr: self.routes.get(&target).unwrap_or(&node.addr).trim_end_matches('/').to_string(),
+            addr: self.address(target, node),
             retry_after: self.retry_after,
             append_budget: MAX_APPEND_BYTES,
         }

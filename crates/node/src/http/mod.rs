@@ -3,7 +3,7 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `POST /raft/append`, `/raft/vote`, `/raft/snapshot` | Raft RPC, bincode bodies ([`raft_rpc`]) |
+//! | `POST /raft/append`, `/raft/vote`, `/raft/snapshot`, `/raft/prevote` | Raft RPC, bincode bodies ([`raft_rpc`]) |
 //! | `GET /cluster`, `POST /cluster/learners`, `POST /cluster/members` | membership, JSON ([`cluster`]) |
 //! | `GET /health`, `GET /ready`, `GET /metrics` | liveness, readiness, Prometheus ([`cluster`]) |
 //! | `POST /v1/command` | execute one RESP3 request ([`command`]) |
@@ -33,6 +33,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route(statestore_raft::network::APPEND_PATH, post(raft_rpc::append))
         .route(statestore_raft::network::VOTE_PATH, post(raft_rpc::vote))
         .route(statestore_raft::network::SNAPSHOT_PATH, post(raft_rpc::snapshot))
+        .route(statestore_raft::election::PREVOTE_PATH, post(raft_rpc::prevote))
         .layer(DefaultBodyLimit::max(RAFT_BODY_LIMIT));
     let command =
         Router::new().route("/v1/command", post(command::execute)).layer(DefaultBodyLimit::max(COMMAND_BODY_LIMIT));

@@ -41,3 +41,15 @@ pub async fn vote(State(node): State<Arc<Node>>, body: Bytes) -> Response {
 pub async fn snapshot(State(node): State<Arc<Node>>, body: Bytes) -> Response {
     rpc(body, |request| async move { node.raft.install_snapshot(request).await }).await
 }
+
+pub async fn prevote(State(node): State<Arc<Node>>, body: Bytes) -> Response {
+    rpc(body, |request| async move {
+        // On its own task: a candidate that stopped waiting must not cut openraft's answer off
+        // (openraft logs that as an error).
+        let elector = node.elector.clone();
+        tokio::spawn(async move { elector.answer(&request).await }).await.unwrap_or_else(|e| {
+            statestore_raft::election::PreVoteResponse::Refused(format!("the pre-vote answer failed: {e}"))
+        })
+    })
+    .await
+}

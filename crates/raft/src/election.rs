@@ -1,0 +1,285 @@
+//! Elections with a pre-vote.
+//!
+//! openraft 0.9 has no pre-vote: a voter that stops hearing the leader (paused, cut off, or
+//! only slow) raises its term and stands for election on its own timer. When it comes back, its
+//! higher term unseats a healthy leader, and a voter cut off from the others raises its term
+//! again and again. And a candidate whose log is behind made the others wait once more (a
+//! split vote, then an extra penalty): a leader lost could leave the cluster without one for
+//! about a second.
+//!
+//! So openraft's own election timer is off (`enable_elect = false`) and the [`Elector`] of each
+//! node decides when it stands. A voter that has not heard from a leader for the lease
+//! (openraft's: the upper bound of the election timeout) plus a random election timeout (as
+//! openraft's timer waits) first asks every other voter whether it would vote for it (`POST /raft/prevote`). A
+//! voter says yes only if it does not lead, has itself not heard from a leader for the lease, and
+//! the candidate's log is at least as up to date as its own: the checks of a real vote, without
+//! changing its term or its vote. Only with a yes from a quorum (of every configuration of a
+//! joint membership, itself included) does the candidate call [`openraft::Raft::trigger`]'s
+//! `elect`. A voter that cannot reach a quorum never raises its term, so when it comes back it
+//! simply follows.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use futures::StreamExt;
+use openraft::ServerState;
+use prometheus::{IntCounterVec, Opts, Registry};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::log_store::LogReader;
+use crate::network::NetworkFactory;
+use crate::types::{LogId, Node, NodeId, Raft, Vote};
+
+/// Where a node answers pre-votes.
+pub const PREVOTE_PATH: &str = "/raft/prevote";
+
+/// "Would you vote for me now?"
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PreVoteRequest {
+    pub candidate: NodeId,
+    pub last_log_id: Option<LogId>,
+}
+
+/// The answer to a [`PreVoteRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PreVoteResponse {
+    Granted,
+    /// Why not, for the candidate's log.
+    Refused(String),
+}
+
+/// When a node stands for election. Cheap to clone.
+#[derive(Clone)]
+pub struct Elector {
+    id: NodeId,
+    raft: Raft,
+    log: LogReader,
+    network: NetworkFactory,
+    /// How long after a leader was last heard from a voter may vote for someone else
+    /// (openraft's leader lease: the election timeout's upper bound).
+    lease: Duration,
+    /// The election timeout's lower bound and range: each wait adds a random timeout, so that
+    /// two voters rarely stand at the same moment and split the vote.
+    min_timeout: Duration,
+    spread: Duration,
+    /// How often the elector looks; also the deadline of one pre-vote request.
+    tick: Duration,
+    metrics: ElectionMetrics,
+}
+
+/// Pre-votes this node asked for, by outcome, and the elections it started.
+#[derive(Clone)]
+struct ElectionMetrics {
+    prevotes: IntCounterVec,
+}
+
+impl ElectionMetrics {
+    fn register(registry: &Registry) -> prometheus::Result<ElectionMetrics> {
+        let prevotes = IntCounterVec::new(
+            Opts::new(
+                "statestore_prevotes_total",
+                "Pre-votes this node held before standing for election, by outcome: won (it stood) or lost",
+            ),
+            &["outcome"],
+        )?;
+        registry.register(Box::new(prevotes.clone()))?;
+        Ok(ElectionMetrics { prevotes })
+    }
+}
+
+/// What the elector reads of openraft's state at one moment.
+struct Standing {
+    leading: bool,
+    vote: Vote,
+    /// How long ago a leader's vote was last confirmed here (an append, a heartbeat); `None`
+    /// when this node's vote is for a candidate, or it never heard from one since it started.
+    since_leader: Option<Duration>,
+}
+
+impl Elector {
+    /// An elector for `raft`, with openraft's election timeout range `[min, max]` and heartbeat
+    /// interval `tick`. Its metrics go to `registry`.
+    pub fn new(
+        id: NodeId,
+        raft: Raft,
+        log: LogReader,
+        network: NetworkFactory,
+        election_timeout: (Duration, Duration),
+        tick: Duration,
+        registry: &Registry,
+    ) -> prometheus::Result<Elector> {
+        let (min, max) = election_timeout;
+        Ok(Elector {
+            id,
+            raft,
+            log,
+            network,
+            lease: max,
+            min_timeout: min,
+            spread: max.saturating_sub(min),
+            tick,
+            metrics: ElectionMetrics::register(registry)?,
+        })
+    }
+
+    /// Starts deciding, on the current runtime, until Raft stops.
+    pub fn start(self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(self.run())
+    }
+
+    async fn standing(&self) -> Option<Standing> {
+        self.raft
+            .with_raft_state(|state| Standing {
+                leading: state.server_state == ServerState::Leader,
+                vote: *state.vote_ref(),
+                since_leader: if state.vote_ref().is_committed() {
+                    state.vote_last_modified().map(|at| at.elapsed())
+                } else {
+                    None
+                },
+            })
+            .await
+            .ok()
+    }
+
+    /// Answers a candidate's pre-vote: yes only where a real vote would be granted now.
+    pub async fn answer(&self, request: &PreVoteRequest) -> PreVoteResponse {
+        let Some(standing) = self.standing().await else {
+            return PreVoteResponse::Refused("Raft has stopped on this node".into());
+        };
+        if standing.leading {
+            return PreVoteResponse::Refused(format!("node {} leads", self.id));
+        }
+        if let Some(since) = standing.since_leader.filter(|since| *since <= self.lease) {
+            return PreVoteResponse::Refused(format!(
+                "node {} heard from its leader {} ms ago",
+                self.id,
+                since.as_millis()
+            ));
+        }
+        match self.log.last_log_id() {
+            Err(e) => PreVoteResponse::Refused(format!("node {} cannot read its log: {e}", self.id)),
+            Ok(ours) if request.last_log_id < ours => PreVoteResponse::Refused(format!(
+                "node {}'s log ends at {ours:?}, after the candidate's {:?}",
+                self.id, request.last_log_id
+            )),
+            Ok(_) => PreVoteResponse::Granted,
+        }
+    }
+
+    /// How long to stay quiet before the next pre-vote: the lease plus a random election
+    /// timeout, as openraft's own timer waits. A shorter wait would start elections whenever a
+    /// busy machine delays a few heartbeats.
+    fn quiet_period(&self) -> Duration {
+        self.lease + self.min_timeout + self.spread.mul_f64(fastrand::f64())
+    }
+
+    async fn run(self) {
+        let mut ticks = tokio::time::interval(self.tick);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut quiet = self.quiet_period();
+        let mut next_try = Instant::now();
+        loop {
+            ticks.tick().await;
+            let Some(standing) = self.standing().await else { return };
+            let (configs, nodes) = self.voters();
+            let is_voter = configs.iter().any(|config| config.contains(&self.id));
+            if standing.leading || !is_voter || Instant::now() < next_try {
+                continue;
+            }
+            if standing.since_leader.is_some_and(|since| since < quiet) {
+                continue;
+            }
+            quiet = self.quiet_period();
+            next_try = Instant::now() + quiet;
+            let asked = Instant::now();
+            if !self.prevote(&configs, &nodes).await {
+                self.metrics.prevotes.with_label_values(&["lost"]).inc();
+                continue;
+            }
+            self.metrics.prevotes.with_label_values(&["won"]).inc();
+            // A voter that said yes may have stood and won meanwhile, or asked this node for its
+            // vote: standing now would unseat it.
+            let Some(now) = self.standing().await else { return };
+            if now.leading || now.vote != standing.vote || now.since_leader.is_some_and(|since| since < asked.elapsed())
+            {
+                tracing::info!(vote = %now.vote, "won a pre-vote, but another node stood or led since; not standing");
+                continue;
+            }
+            tracing::info!(since_leader_ms = ?standing.since_leader.map(|d| d.as_millis()), "won a pre-vote; standing for election");
+            if self.raft.trigger().elect().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The configurations of the membership (two while it changes) and every member's address.
+    fn voters(&self) -> (Vec<BTreeSet<NodeId>>, BTreeMap<NodeId, Node>) {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        let nodes = membership.nodes().map(|(id, node)| (*id, node.clone())).collect();
+        (membership.get_joint_config().clone(), nodes)
+    }
+
+    /// Asks every other voter; true when every configuration has a quorum of yeses.
+    async fn prevote(&self, configs: &[BTreeSet<NodeId>], nodes: &BTreeMap<NodeId, Node>) -> bool {
+        let last_log_id = match self.log.last_log_id() {
+            Ok(last) => last,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the log for a pre-vote");
+                return false;
+            }
+        };
+        let request = PreVoteRequest { candidate: self.id, last_log_id };
+        let voters: BTreeSet<NodeId> = configs.iter().flatten().copied().filter(|id| *id != self.id).collect();
+        let asks = voters.iter().filter_map(|id| nodes.get(id).map(|node| (*id, node))).map(|(id, node)| {
+            let request = &request;
+            async move { (id, self.network.prevote(id, node, request, self.tick.max(Duration::from_millis(100))).await) }
+        });
+        let mut granted = BTreeSet::from([self.id]);
+        let mut answers: futures::stream::FuturesUnordered<_> = asks.collect();
+        // Stops at a quorum: a voter that is down costs the request's deadline only when it
+        // is needed.
+        while !has_quorum(configs, &granted) {
+            let Some((id, answer)) = answers.next().await else { break };
+            match answer {
+                Ok(PreVoteResponse::Granted) => {
+                    granted.insert(id);
+                }
+                Ok(PreVoteResponse::Refused(why)) => tracing::debug!(peer = id, why, "pre-vote refused"),
+                Err(e) => tracing::debug!(peer = id, error = %e, "pre-vote not answered"),
+            }
+        }
+        let won = has_quorum(configs, &granted);
+        if !won {
+            tracing::info!(granted = ?granted, voters = ?configs, "lost a pre-vote; not standing for election");
+        }
+        won
+    }
+}
+
+/// Whether `granted` holds a majority of every configuration.
+fn has_quorum(configs: &[BTreeSet<NodeId>], granted: &BTreeSet<NodeId>) -> bool {
+    !configs.is_empty()
+        && configs.iter().all(|config| config.iter().filter(|id| granted.contains(id)).count() * 2 > config.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quorum_is_a_majority_of_every_configuration() {
+        let set = |ids: &[NodeId]| ids.iter().copied().collect::<BTreeSet<NodeId>>();
+        assert!(has_quorum(&[set(&[1])], &set(&[1])), "a single voter elects itself");
+        assert!(has_quorum(&[set(&[1, 2, 3])], &set(&[1, 3])));
+        assert!(!has_quorum(&[set(&[1, 2, 3])], &set(&[1])));
+        assert!(!has_quorum(&[set(&[1, 2, 3, 4])], &set(&[1, 2])), "half is not a majority");
+        let joint = [set(&[1, 2, 3]), set(&[3, 4, 5])];
+        assert!(!has_quorum(&joint, &set(&[1, 2, 3])), "the new configuration has only one yes");
+        assert!(has_quorum(&joint, &set(&[1, 3, 4])));
+        assert!(!has_quorum(&[], &set(&[1])), "no membership, no election");
+    }
+}
