@@ -147,18 +147,30 @@ impl FrontEnd {
                             self.drop_request(reason);
                             let _ = self.acks.send(*publish);
                         }
-                        Ok(inbound) => self.place(Shadowed { inbound, publish: *publish, received, acked: false }),
+                        Ok(inbound) => self.place(Shadowed {
+                            inbound,
+                            publish: *publish,
+                            received,
+                            acked: false,
+                            applied_at: None,
+                        }),
                     }
                 }
                 Dispatch::Retry(request) => self.place(*request),
                 Dispatch::Gained => {
                     self.leading.store(true, Ordering::Release);
-                    let shadowed = self.shadow.lock().unwrap().drain();
+                    let takeover = self.shadow.lock().unwrap().take_over(Instant::now());
                     self.metrics.shadow_size.set(0);
-                    if !shadowed.is_empty() {
-                        tracing::info!(requests = shadowed.len(), "executing the requests shadowed as a follower");
+                    tracing::info!(
+                        execute = takeover.execute.len(),
+                        answer_again = takeover.reanswer.len(),
+                        answered = takeover.answered,
+                        "taking over the requests shadowed as a follower"
+                    );
+                    for request in takeover.reanswer {
+                        self.answer_again(request);
                     }
-                    for request in shadowed {
+                    for request in takeover.execute {
                         self.metrics.shadow_takeovers.inc();
                         self.lead(request);
                     }
@@ -267,6 +279,23 @@ impl FrontEnd {
         let wall_clock_ms = proposal_clock(command_request, now);
         let entry = Entry { operation: Operation::Request(client_request), wall_clock_ms };
         self.submit(Work::Write(entry), Box::new(request));
+    }
+
+    /// Answers a write the old leader applied, from the dedup table, without a log entry; one
+    /// the table no longer holds is executed like any other (apply deduplicates it).
+    fn answer_again(self: &Arc<Self>, request: Shadowed) {
+        let found = request.inbound.identity().map(|identity| self.node.reader.dedup_lookup(&identity));
+        match found {
+            Some(Ok(Some(reply))) => {
+                self.metrics.dedup_hits.inc();
+                self.respond(&request, 200, reply, request.inbound.verb());
+                self.ack(&request);
+            }
+            _ => {
+                self.metrics.shadow_takeovers.inc();
+                self.lead(request);
+            }
+        }
     }
 
     /// Hands `work` to the node's pipeline and answers `request` with its outcome. What did not

@@ -26,12 +26,20 @@ pub struct Shadowed {
     pub received: Instant,
     /// Acknowledged to the broker already (a read, or a write seen applied).
     pub acked: bool,
+    /// When this node saw the write applied.
+    pub applied_at: Option<Instant>,
 }
 
 /// A write not seen applied for this long is looked up in the dedup table.
 pub const LOOKUP_AFTER: Duration = Duration::from_secs(1);
 /// Most dedup lookups one settle makes.
 pub const LOOKUPS_PER_SETTLE: usize = 256;
+/// A new leader answers again the writes seen applied within this long of the last one seen
+/// applied: the old leader answers as it applies, so only its last moments may be unanswered.
+pub const REANSWER_WINDOW: Duration = Duration::from_millis(500);
+/// A new leader answers again the reads received within this long: more than an election
+/// takes, so every read received after the old leader was lost is among them.
+pub const READ_REANSWER_WINDOW: Duration = Duration::from_secs(2);
 /// Without a message expiry, an unapplied write is kept at most this long.
 const UNBOUNDED_KEEP: Duration = Duration::from_secs(60);
 
@@ -104,6 +112,7 @@ impl Shadow {
             if let Some((_, shadowed)) = self.entries.get_mut(identity) {
                 if !shadowed.acked {
                     shadowed.acked = true;
+                    shadowed.applied_at = Some(now);
                     settled.applied.push(shadowed.publish.clone());
                 }
             }
@@ -124,6 +133,7 @@ impl Shadow {
             lookups += 1;
             if lookup(&identity) {
                 shadowed.acked = true;
+                shadowed.applied_at = Some(now);
                 settled.applied.push(shadowed.publish.clone());
             } else {
                 still_unsettled.push((seq, identity));
@@ -156,7 +166,30 @@ impl Shadow {
         settled
     }
 
-    /// Everything, in arrival order: what a new leader executes.
+    /// Empties the shadow for a new leader, in arrival order: writes not seen applied are
+    /// executed; writes seen applied within [`REANSWER_WINDOW`] of the last one seen applied
+    /// are answered again from the dedup table (the old leader may have died before answering
+    /// them; the earlier ones it answered as it applied them); reads and invalid requests
+    /// received within [`READ_REANSWER_WINDOW`] of `now` are answered again. The rest were
+    /// answered and are acknowledged already: they are only counted.
+    pub fn take_over(&mut self, now: Instant) -> Takeover {
+        let drained = self.drain();
+        let last_applied = drained.iter().filter_map(|s| s.applied_at).max();
+        let mut takeover = Takeover::default();
+        for request in drained {
+            match request.applied_at {
+                None if !request.acked => takeover.execute.push(request),
+                None if now.duration_since(request.received) <= READ_REANSWER_WINDOW => takeover.execute.push(request),
+                Some(at) if last_applied.is_some_and(|last| last.duration_since(at) <= REANSWER_WINDOW) => {
+                    takeover.reanswer.push(request)
+                }
+                _ => takeover.answered += 1,
+            }
+        }
+        takeover
+    }
+
+    /// Everything, in arrival order.
     pub fn drain(&mut self) -> Vec<Shadowed> {
         let mut out = Vec::with_capacity(self.entries.len());
         while let Some(next) = self.pop_oldest() {
@@ -191,6 +224,17 @@ impl Shadow {
     }
 }
 
+/// What a new leader does with the shadow ([`Shadow::take_over`]).
+#[derive(Default)]
+pub struct Takeover {
+    /// Execute these, in order: writes not seen applied, recent reads.
+    pub execute: Vec<Shadowed>,
+    /// Answer these from the dedup table: writes seen applied just before the leader was lost.
+    pub reanswer: Vec<Shadowed>,
+    /// Requests answered by the old leader: nothing to do.
+    pub answered: usize,
+}
+
 /// What [`Shadow::settle`] found.
 #[derive(Default)]
 pub struct Settled {
@@ -218,7 +262,13 @@ mod tests {
             ..Default::default()
         };
         let publish = Publish::new(REQUEST_TOPIC, QoS::AtLeastOnce, payload, Some(properties));
-        Shadowed { inbound: Inbound::classify(&publish, received).unwrap(), publish, received, acked: false }
+        Shadowed {
+            inbound: Inbound::classify(&publish, received).unwrap(),
+            publish,
+            received,
+            acked: false,
+            applied_at: None,
+        }
     }
 
     fn set(correlation: u8, now: Instant) -> Shadowed {
@@ -259,6 +309,32 @@ mod tests {
         let drained = shadow.drain();
         assert_eq!(correlations(&drained), vec![1, 2, 3, 4]);
         assert_eq!(drained.iter().map(|s| s.acked).collect::<Vec<_>>(), vec![false, true, false, false]);
+    }
+
+    #[test]
+    fn a_new_leader_executes_the_unapplied_and_answers_again_only_the_last_applied() {
+        let start = Instant::now();
+        let mut shadow = Shadow::new(100, Duration::from_secs(5));
+        for c in 1..=4 {
+            shadow.insert(set(c, start));
+        }
+        let mut old_read = shadowed(5, Get { key: b"k".to_vec() }.encode(), start);
+        old_read.acked = true;
+        shadow.insert(old_read);
+        let identity = |c: u8| set(c, start).inbound.identity().unwrap();
+        // 1 was applied long before the leader was lost, 2 in its last moments; 3 and 4 never.
+        shadow.settle(start, &[identity(1)], |_| false);
+        let lost_at = start + Duration::from_secs(2);
+        shadow.settle(lost_at, &[identity(2)], |_| false);
+        let later = lost_at + Duration::from_millis(800);
+        let mut recent_read = shadowed(6, Get { key: b"k".to_vec() }.encode(), later);
+        recent_read.acked = true;
+        shadow.insert(recent_read);
+        let takeover = shadow.take_over(later + READ_REANSWER_WINDOW);
+        assert_eq!(correlations(&takeover.execute), vec![3, 4, 6], "unapplied writes and the recent read");
+        assert_eq!(correlations(&takeover.reanswer), vec![2], "the write applied last");
+        assert_eq!(takeover.answered, 2, "the write applied long before, and the old read");
+        assert!(shadow.is_empty());
     }
 
     #[test]
