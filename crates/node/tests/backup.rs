@@ -36,6 +36,8 @@ async fn a_stopped_followers_data_directory_restores_the_cluster() {
     let committed = cluster.status(leader).await.unwrap()["committed_index"].as_u64().unwrap();
     let follower = cluster.running().into_iter().find(|id| *id != leader).unwrap();
     cluster.wait_applied(follower, committed).await;
+    // The snapshot policy looks every 200 ms: wait for its snapshot rather than race it.
+    cluster.wait_snapshot_covering(follower, 50).await;
 
     // The backup: stop the follower (SIGTERM), copy its directory, start it again.
     assert!(cluster.terminate(follower).success());

@@ -128,19 +128,6 @@ async fn a_learner_joins_a_loaded_cluster_is_promoted_and_a_member_is_removed() 
     }
 }
 
-/// Waits until node `id` reports a snapshot covering `index`.
-async fn wait_snapshot_covering(cluster: &Cluster, id: u64, index: u64) {
-    let until = Instant::now() + DEADLINE;
-    loop {
-        let snapshot = cluster.status(id).await.unwrap()["snapshot_index"].as_u64().unwrap();
-        if snapshot >= index {
-            return;
-        }
-        assert!(Instant::now() < until, "node {id} built no snapshot covering {index}\n{}", cluster.logs());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_are_taken_by_log_bytes_and_on_request() {
     // The entry count alone would never trigger one.
@@ -156,7 +143,7 @@ async fn snapshots_are_taken_by_log_bytes_and_on_request() {
         assert_eq!(answer.response, Response::Ok);
     }
     for id in 1..=3 {
-        wait_snapshot_covering(&cluster, id, 1).await;
+        cluster.wait_snapshot_covering(id, 1).await;
     }
 
     // On request, on a follower: it snapshots what it has applied since, even when a build
@@ -171,7 +158,7 @@ async fn snapshots_are_taken_by_log_bytes_and_on_request() {
     let body: serde_json::Value = response.json().await.unwrap();
     assert_eq!(body["requested"], true);
     assert!(body["applied_index"].as_u64().unwrap() >= committed, "{body}");
-    wait_snapshot_covering(&cluster, follower, committed).await;
+    cluster.wait_snapshot_covering(follower, committed).await;
     let metrics = cluster.metrics(follower).await;
     assert!(metric(&metrics, "statestore_snapshots_total{kind=\"built\"}").unwrap() >= 2.0, "{metrics}");
 }

@@ -214,6 +214,19 @@ impl Cluster {
         }
     }
 
+    /// Waits until node `id` reports a snapshot covering `index`.
+    pub async fn wait_snapshot_covering(&self, id: u64, index: u64) {
+        let until = Instant::now() + DEADLINE;
+        loop {
+            let snapshot = self.status(id).await.and_then(|s| s["snapshot_index"].as_u64()).unwrap_or(0);
+            if snapshot >= index {
+                return;
+            }
+            assert!(Instant::now() < until, "node {id} built no snapshot covering {index}\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits until node `id` has applied at least `index`.
     pub async fn wait_applied(&self, id: u64, index: u64) {
         let deadline = Instant::now() + DEADLINE;
