@@ -143,6 +143,17 @@ impl Elector {
             .ok()
     }
 
+    /// How long ago this node last heard from the leader it follows; `None` when it leads,
+    /// follows no leader (its vote is for a candidate), or Raft has stopped.
+    pub async fn since_leader(&self) -> Option<Duration> {
+        self.standing().await.filter(|standing| !standing.leading).and_then(|standing| standing.since_leader)
+    }
+
+    /// The lease: how long after a leader's last word a voter keeps refusing other candidates.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
     /// Answers a candidate's pre-vote: yes only where a real vote would be granted now.
     pub async fn answer(&self, request: &PreVoteRequest) -> PreVoteResponse {
         let Some(standing) = self.standing().await else {

@@ -243,7 +243,8 @@ pub async fn health(State(node): State<Arc<Node>>) -> Response {
 }
 
 /// `GET /ready`: this node is a member, knows a leader, has applied everything it knows to be
-/// committed, is connected to its broker, and, when it leads, still reaches a quorum.
+/// committed, is connected to its broker, and, when it leads, still reaches a quorum; when it
+/// follows, it heard from the leader within two leases.
 pub async fn ready(State(node): State<Arc<Node>>) -> Response {
     let status = cluster_status(&node);
     let member = status.voters.iter().chain(&status.learners).any(|m| m.id == node.id);
@@ -255,6 +256,11 @@ pub async fn ready(State(node): State<Arc<Node>>) -> Response {
         Some("catching up: applied index is behind the committed index")
     } else if node.broker_connected.get().is_some_and(|connected| !*connected.borrow()) {
         Some("not connected to the MQTT broker")
+    } else if status.role != "leader" && !hears_the_leader(&node).await {
+        // A follower cut off from the others still names the leader it last heard and has
+        // applied all it knows to be committed; with the pre-vote it no longer raises its term
+        // either, so silence is what tells it is behind.
+        Some("no word from the leader for longer than two leases")
     } else if status.role == "leader" && !leads_a_quorum(&node).await {
         // A leader cut off from the others still believes it leads until it hears a higher
         // term; it cannot serve anything, so it is not ready.
@@ -266,6 +272,12 @@ pub async fn ready(State(node): State<Arc<Node>>) -> Response {
         None => (StatusCode::OK, Json(serde_json::json!({"status": "ready"}))).into_response(),
         Some(reason) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", reason).into_response(),
     }
+}
+
+/// Whether a follower or learner heard from its leader within two leases (the election
+/// timeout's upper bound each): a few late heartbeats on a busy machine do not make it unready.
+async fn hears_the_leader(node: &Node) -> bool {
+    node.elector.since_leader().await.is_some_and(|since| since <= 2 * node.elector.lease())
 }
 
 /// One heartbeat round to a quorum, bounded by the longest election timeout.
