@@ -145,8 +145,10 @@ impl Elector {
 
     /// How long ago this node last heard from the leader it follows; `None` when it leads,
     /// follows no leader (its vote is for a candidate), or Raft has stopped.
+    /// `None` too when openraft does not answer within the lease (a busy or stuck core).
     pub async fn since_leader(&self) -> Option<Duration> {
-        self.standing().await.filter(|standing| !standing.leading).and_then(|standing| standing.since_leader)
+        let standing = tokio::time::timeout(self.lease, self.standing()).await.ok().flatten();
+        standing.filter(|standing| !standing.leading).and_then(|standing| standing.since_leader)
     }
 
     /// The lease: how long after a leader's last word a voter keeps refusing other candidates.
@@ -156,8 +158,10 @@ impl Elector {
 
     /// Answers a candidate's pre-vote: yes only where a real vote would be granted now.
     pub async fn answer(&self, request: &PreVoteRequest) -> PreVoteResponse {
-        let Some(standing) = self.standing().await else {
-            return PreVoteResponse::Refused("Raft has stopped on this node".into());
+        let standing = match tokio::time::timeout(self.lease, self.standing()).await {
+            Ok(Some(standing)) => standing,
+            Ok(None) => return PreVoteResponse::Refused("Raft has stopped on this node".into()),
+            Err(_) => return PreVoteResponse::Refused(format!("node {} is too busy to answer", self.id)),
         };
         if standing.leading {
             return PreVoteResponse::Refused(format!("node {} leads", self.id));
@@ -193,13 +197,15 @@ impl Elector {
         let mut next_try = Instant::now();
         loop {
             ticks.tick().await;
-            let Some(standing) = self.standing().await else { return };
-            let (configs, nodes) = self.voters();
-            let is_voter = configs.iter().any(|config| config.contains(&self.id));
-            if standing.leading || !is_voter || Instant::now() < next_try {
+            if Instant::now() < next_try {
                 continue;
             }
-            if standing.since_leader.is_some_and(|since| since < quiet) {
+            let Some(standing) = self.standing().await else { return };
+            if standing.leading || standing.since_leader.is_some_and(|since| since < quiet) {
+                continue;
+            }
+            let (configs, nodes) = self.voters();
+            if !configs.iter().any(|config| config.contains(&self.id)) {
                 continue;
             }
             quiet = self.quiet_period();
