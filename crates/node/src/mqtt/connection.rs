@@ -92,6 +92,21 @@ impl Link for Connection {
     }
 }
 
+/// What acknowledging a received publish needs (packet id, QoS, the dup flag) without its
+/// topic, payload and properties: a request is kept long after its body was read, and the
+/// body's buffers are freed at once.
+pub fn receipt(publish: &Publish) -> Publish {
+    Publish {
+        dup: publish.dup,
+        qos: publish.qos,
+        retain: publish.retain,
+        topic: Bytes::new(),
+        pkid: publish.pkid,
+        payload: Bytes::new(),
+        properties: None,
+    }
+}
+
 /// Where the connection task hands each received request, in arrival order. It must not block.
 pub type RequestSink = Box<dyn Fn(Publish) + Send>;
 

@@ -49,9 +49,6 @@ use shadow::{Shadow, Shadowed};
 
 /// Most requests a follower shadows; beyond it the oldest is acknowledged and forgotten.
 const SHADOW_CAPACITY: usize = 200_000;
-/// How long a follower keeps a request it no longer needs to hold for the broker (a read, or a
-/// write seen applied): longer than a failover, so a new leader can answer it.
-const SHADOW_RETENTION: Duration = Duration::from_secs(5);
 /// How often followers look for applied requests.
 const TICK: Duration = Duration::from_millis(20);
 
@@ -119,7 +116,7 @@ impl FrontEnd {
             link: link.clone(),
             metrics,
             notifier: notifier.clone(),
-            shadow: Mutex::new(Shadow::new(SHADOW_CAPACITY, SHADOW_RETENTION)),
+            shadow: Mutex::new(Shadow::new(SHADOW_CAPACITY)),
             leading: AtomicBool::new(false),
             dispatch: dispatch_tx,
             acks: acks_tx,
@@ -149,7 +146,7 @@ impl FrontEnd {
                         }
                         Ok(inbound) => self.place(Shadowed {
                             inbound,
-                            publish: *publish,
+                            receipt: connection::receipt(&publish),
                             received,
                             acked: false,
                             applied_at: None,
@@ -226,7 +223,7 @@ impl FrontEnd {
     /// Acknowledges a request to the broker, once, after everything acknowledged before it.
     fn ack(&self, request: &Shadowed) {
         if !request.acked {
-            let _ = self.acks.send(request.publish.clone());
+            let _ = self.acks.send(request.receipt.clone());
         }
     }
 
@@ -257,7 +254,7 @@ impl FrontEnd {
         }
         // A broker redelivery was most likely applied already: answer it without a log entry.
         // Anything else is checked by apply, which answers a duplicate from the same table.
-        if let Some(identity) = request.inbound.identity().filter(|_| request.publish.dup) {
+        if let Some(identity) = request.inbound.identity().filter(|_| request.receipt.dup) {
             match self.node.reader.dedup_lookup(&identity) {
                 Ok(Some(reply)) => {
                     self.metrics.dedup_hits.inc();

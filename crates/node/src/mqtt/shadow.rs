@@ -18,11 +18,12 @@ use statestore_statemachine::RequestIdentity;
 
 use super::envelope::Inbound;
 
-/// A shadowed request with the publish to acknowledge once it is settled.
+/// A shadowed request, and what acknowledges it to the broker once it is settled.
 #[derive(Debug, Clone)]
 pub struct Shadowed {
     pub inbound: Inbound,
-    pub publish: Publish,
+    /// The request's [`receipt`](super::connection::receipt): its packet id, QoS and dup flag.
+    pub receipt: Publish,
     pub received: Instant,
     /// Acknowledged to the broker already (a read, or a write seen applied).
     pub acked: bool,
@@ -46,9 +47,9 @@ const UNBOUNDED_KEEP: Duration = Duration::from_secs(60);
 /// Shadowed requests in arrival order, at most `capacity` of them.
 pub struct Shadow {
     capacity: usize,
-    /// How long a request that needs no more acknowledgement (a read, or a write seen
-    /// applied) is kept after receipt, to be answered if the leader died before answering.
-    retention: Duration,
+    /// When a write was last seen applied: writes seen applied more than [`REANSWER_WINDOW`]
+    /// before it are no longer needed.
+    last_applied: Option<Instant>,
     order: VecDeque<(u64, RequestIdentity)>,
     /// Writes not yet seen applied, in arrival order (with slots of settled ones, skipped).
     unsettled: VecDeque<(u64, RequestIdentity)>,
@@ -57,10 +58,10 @@ pub struct Shadow {
 }
 
 impl Shadow {
-    pub fn new(capacity: usize, retention: Duration) -> Shadow {
+    pub fn new(capacity: usize) -> Shadow {
         Shadow {
             capacity,
-            retention,
+            last_applied: None,
             order: VecDeque::new(),
             unsettled: VecDeque::new(),
             entries: HashMap::new(),
@@ -113,7 +114,8 @@ impl Shadow {
                 if !shadowed.acked {
                     shadowed.acked = true;
                     shadowed.applied_at = Some(now);
-                    settled.applied.push(shadowed.publish.clone());
+                    self.last_applied = Some(now);
+                    settled.applied.push(shadowed.receipt.clone());
                 }
             }
         }
@@ -134,7 +136,8 @@ impl Shadow {
             if lookup(&identity) {
                 shadowed.acked = true;
                 shadowed.applied_at = Some(now);
-                settled.applied.push(shadowed.publish.clone());
+                self.last_applied = Some(now);
+                settled.applied.push(shadowed.receipt.clone());
             } else {
                 still_unsettled.push((seq, identity));
             }
@@ -145,8 +148,9 @@ impl Shadow {
         while let Some((seq, identity)) = self.order.front() {
             let gone = match self.entries.get(identity) {
                 Some((current, shadowed)) if current == seq => {
-                    let age = now.duration_since(shadowed.received);
-                    shadowed.inbound.expired(now) || (shadowed.acked && age >= self.retention) || age >= UNBOUNDED_KEEP
+                    shadowed.inbound.expired(now)
+                        || now.duration_since(shadowed.received) >= UNBOUNDED_KEEP
+                        || (shadowed.acked && !needed_by_a_new_leader(shadowed, self.last_applied, now))
                 }
                 _ => {
                     self.order.pop_front();
@@ -244,6 +248,17 @@ pub struct Settled {
     pub forgotten: Vec<Shadowed>,
 }
 
+/// Whether a request that needs no more acknowledgement (a read, or a write seen applied) would
+/// still be answered by [`Shadow::take_over`]: a write seen applied within [`REANSWER_WINDOW`] of
+/// the last one, a read or an invalid request received within [`READ_REANSWER_WINDOW`]. Anything
+/// older was answered by the leader that applied it, so keeping it longer only costs memory.
+fn needed_by_a_new_leader(request: &Shadowed, last_applied: Option<Instant>, now: Instant) -> bool {
+    match request.applied_at {
+        Some(at) => last_applied.is_none_or(|last| last.duration_since(at) <= REANSWER_WINDOW),
+        None => now.duration_since(request.received) <= READ_REANSWER_WINDOW,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,7 +279,7 @@ mod tests {
         let publish = Publish::new(REQUEST_TOPIC, QoS::AtLeastOnce, payload, Some(properties));
         Shadowed {
             inbound: Inbound::classify(&publish, received).unwrap(),
-            publish,
+            receipt: crate::mqtt::connection::receipt(&publish),
             received,
             acked: false,
             applied_at: None,
@@ -282,7 +297,7 @@ mod tests {
     #[test]
     fn applied_requests_leave_and_the_rest_drain_in_order() {
         let now = Instant::now();
-        let mut shadow = Shadow::new(100, Duration::from_secs(5));
+        let mut shadow = Shadow::new(100);
         for c in 1..=5 {
             assert!(shadow.insert(set(c, now)).is_empty());
         }
@@ -293,15 +308,37 @@ mod tests {
         assert!(shadow.settle(now, &even, |_| true).applied.is_empty(), "each is acknowledged once");
         let looked_up = shadow.settle(now + LOOKUP_AFTER, &[], |_| true);
         assert_eq!(looked_up.applied.len(), 3, "what the feed missed is looked up once it is old enough");
-        let later = shadow.settle(now + Duration::from_secs(6), &[], |_| true);
-        assert_eq!(later.forgotten.len(), 5, "kept for the retention only");
+        let expired = shadow.settle(now + Duration::from_secs(11), &[], |_| true);
+        assert_eq!(correlations(&expired.forgotten), vec![1, 2, 3, 4, 5], "every one leaves, in order, by expiry");
         assert!(shadow.is_empty());
+    }
+
+    #[test]
+    fn applied_writes_are_kept_only_while_a_new_leader_would_answer_them_again() {
+        let now = Instant::now();
+        let mut shadow = Shadow::new(100);
+        for c in 1..=5 {
+            shadow.insert(set(c, now));
+        }
+        let identity = |c: u8| set(c, now).inbound.identity().unwrap();
+        let at = |ms: u64| now + Duration::from_millis(ms);
+        assert!(shadow.settle(at(0), &[identity(1), identity(2)], |_| false).forgotten.is_empty());
+        assert!(shadow.settle(at(300), &[identity(3)], |_| false).forgotten.is_empty());
+        let settled = shadow.settle(at(800), &[identity(4), identity(5)], |_| false);
+        assert_eq!(
+            correlations(&settled.forgotten),
+            vec![1, 2],
+            "applied more than the re-answer window before the last applied write"
+        );
+        let takeover = shadow.take_over(at(5_000));
+        assert_eq!(correlations(&takeover.reanswer), vec![3, 4, 5], "what was kept is what a new leader answers");
+        assert_eq!(takeover.answered, 0);
     }
 
     #[test]
     fn a_new_leader_drains_applied_and_unapplied_requests_in_order() {
         let now = Instant::now();
-        let mut shadow = Shadow::new(100, Duration::from_secs(1));
+        let mut shadow = Shadow::new(100);
         for c in 1..=4 {
             shadow.insert(set(c, now));
         }
@@ -314,7 +351,7 @@ mod tests {
     #[test]
     fn a_new_leader_executes_the_unapplied_and_answers_again_only_the_last_applied() {
         let start = Instant::now();
-        let mut shadow = Shadow::new(100, Duration::from_secs(5));
+        let mut shadow = Shadow::new(100);
         for c in 1..=4 {
             shadow.insert(set(c, start));
         }
@@ -325,7 +362,8 @@ mod tests {
         // 1 was applied long before the leader was lost, 2 in its last moments; 3 and 4 never.
         shadow.settle(start, &[identity(1)], |_| false);
         let lost_at = start + Duration::from_secs(2);
-        shadow.settle(lost_at, &[identity(2)], |_| false);
+        let settled = shadow.settle(lost_at, &[identity(2)], |_| false);
+        assert_eq!(correlations(&settled.forgotten), vec![1], "a new leader would not answer 1 again");
         let later = lost_at + Duration::from_millis(800);
         let mut recent_read = shadowed(6, Get { key: b"k".to_vec() }.encode(), later);
         recent_read.acked = true;
@@ -333,14 +371,14 @@ mod tests {
         let takeover = shadow.take_over(later + READ_REANSWER_WINDOW);
         assert_eq!(correlations(&takeover.execute), vec![3, 4, 6], "unapplied writes and the recent read");
         assert_eq!(correlations(&takeover.reanswer), vec![2], "the write applied last");
-        assert_eq!(takeover.answered, 2, "the write applied long before, and the old read");
+        assert_eq!(takeover.answered, 1, "the old read");
         assert!(shadow.is_empty());
     }
 
     #[test]
     fn a_redelivery_replaces_the_earlier_copy_and_overflow_evicts_the_oldest() {
         let now = Instant::now();
-        let mut shadow = Shadow::new(3, Duration::from_secs(1));
+        let mut shadow = Shadow::new(3);
         for c in 1..=3 {
             shadow.insert(set(c, now));
         }
@@ -352,7 +390,7 @@ mod tests {
     #[test]
     fn expired_requests_and_old_reads_settle_without_being_applied() {
         let now = Instant::now();
-        let mut shadow = Shadow::new(10, Duration::from_secs(1));
+        let mut shadow = Shadow::new(10);
         shadow.insert(set(1, now));
         let mut read = shadowed(2, Get { key: b"k".to_vec() }.encode(), now);
         read.acked = true;
@@ -365,7 +403,7 @@ mod tests {
     #[test]
     fn settling_a_large_shadow_looks_up_only_a_bounded_number_of_old_requests() {
         let now = Instant::now();
-        let mut shadow = Shadow::new(100_000, Duration::from_secs(5));
+        let mut shadow = Shadow::new(100_000);
         for c in 0..20_000u32 {
             let mut request = set(0, now);
             let correlation = Bytes::from(c.to_be_bytes().repeat(4));
