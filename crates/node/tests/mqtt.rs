@@ -9,6 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::broker::Broker;
 use common::mqtt::RawClient;
+use common::tap::{Seen, Tap};
 use common::{metric, now_ms, timestamp, Cluster};
 use rumqttc::v5::mqttbytes::QoS;
 use statestore_protocol::topic::{hex_upper, NOTIFICATION_PREFIX, REQUEST_TOPIC};
@@ -63,6 +64,73 @@ async fn a_node_without_its_broker_is_not_ready() {
     let broker = stopped.await.unwrap();
     assert_eq!(broker.port, port);
     cluster.wait_ready().await;
+}
+
+/// The broker forgets a request once the node acknowledges it: a node that acknowledged a
+/// request before sending its response, and then died, would leave it unanswered for good. A
+/// proxy between the node and the broker records the order on the wire.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_is_acknowledged_to_the_broker_only_after_its_response() {
+    const REQUESTS: usize = 400;
+    let broker = Broker::start();
+    let tap = Tap::start(broker.port).await;
+    let cluster = Cluster::start(1, &["--broker", &format!("127.0.0.1:{}", tap.port)]).await;
+    cluster.wait_ready().await;
+    let client = RawClient::connect(broker.port, "ack-after-response").await;
+    let mut correlations = Vec::new();
+    for i in 0..REQUESTS {
+        let properties = client.properties(&timestamp());
+        correlations.push(properties.correlation_data.clone().unwrap().to_vec());
+        client.publish(&set(format!("ack-order-{}", i % 50).as_bytes(), b"v"), QoS::AtLeastOnce, properties).await;
+    }
+    for correlation in &correlations {
+        let answered = client
+            .wait_for(Duration::from_secs(10), |r| r.properties.correlation_data.as_deref() == Some(&correlation[..]))
+            .await;
+        assert!(answered.is_some(), "every request is answered");
+    }
+    // The last acknowledgements follow the last responses.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mine = |correlation: &Option<Vec<u8>>| correlation.as_ref().is_some_and(|c| correlations.contains(c));
+    loop {
+        let acks = tap.to_broker.lock().unwrap().iter().filter(|p| matches!(p, Seen::PubAck { .. })).count();
+        if acks >= REQUESTS || tokio::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let delivered: std::collections::HashMap<u16, Vec<u8>> = tap
+        .from_broker
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|p| match p {
+            Seen::Publish { pkid, correlation } if mine(correlation) => Some((*pkid, correlation.clone().unwrap())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(delivered.len(), REQUESTS, "each request reached the node once, with its own packet id");
+    let mut answered = std::collections::HashSet::new();
+    let mut early = Vec::new();
+    let mut acked = 0;
+    for packet in tap.to_broker.lock().unwrap().iter() {
+        match packet {
+            Seen::Publish { correlation: Some(correlation), .. } => {
+                answered.insert(correlation.clone());
+            }
+            Seen::PubAck { pkid } => {
+                if let Some(correlation) = delivered.get(pkid) {
+                    acked += 1;
+                    if !answered.contains(correlation) {
+                        early.push(*pkid);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(acked, REQUESTS, "every request was acknowledged");
+    assert!(early.is_empty(), "{} of {REQUESTS} requests acknowledged before their response: {early:?}", early.len());
 }
 
 async fn cluster_with_broker() -> (Broker, Cluster) {

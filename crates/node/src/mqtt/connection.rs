@@ -46,11 +46,19 @@ pub struct Outbound {
     pub delivery: Option<oneshot::Sender<Delivery>>,
 }
 
+/// What the connection task hands to rumqttc, in the order it was queued: a request's PUBACK
+/// queued after its response goes out after it, so the broker never forgets a request whose
+/// answer it has not received.
+enum Queued {
+    Publish(Outbound),
+    Ack(Publish),
+}
+
 /// What the rest of the node holds of the connection.
 #[derive(Clone)]
 pub struct Connection {
     client: AsyncClient,
-    outbound: mpsc::UnboundedSender<Outbound>,
+    outbound: mpsc::UnboundedSender<Queued>,
     /// True while connected; the value changes on every connect and disconnect.
     pub connected: watch::Receiver<bool>,
     /// Counts sessions: a new value means publishes of the previous one may be lost.
@@ -62,7 +70,8 @@ pub struct Connection {
 pub trait Link: Send + Sync + 'static {
     /// Publishes at QoS 1 in call order; `outbound.delivery` learns the PUBACK's reason.
     fn publish(&self, outbound: Outbound);
-    /// Acknowledges a received request: the broker will not send it again.
+    /// Acknowledges a received request (the broker will not send it again), after every publish
+    /// made before the call.
     fn ack<'a>(&'a self, publish: &'a Publish) -> BoxFuture<'a, ()>;
     /// Sends DISCONNECT; the broker keeps the session for the session expiry.
     fn disconnect(&self) -> BoxFuture<'_, ()>;
@@ -71,18 +80,15 @@ pub trait Link: Send + Sync + 'static {
 impl Link for Connection {
     fn publish(&self, outbound: Outbound) {
         // The connection task ends only with the node; a closed channel means we are stopping.
-        let _ = self.outbound.send(outbound);
+        let _ = self.outbound.send(Queued::Publish(outbound));
     }
 
     fn ack<'a>(&'a self, publish: &'a Publish) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            if publish.qos == QoS::AtMostOnce {
-                return;
-            }
-            if let Err(e) = self.client.ack(publish).await {
-                tracing::debug!(error = %e, "cannot acknowledge a request; the connection is stopping");
-            }
-        })
+        if publish.qos != QoS::AtMostOnce {
+            // Behind every publish queued before it, the response to this request included.
+            let _ = self.outbound.send(Queued::Ack(receipt(publish)));
+        }
+        Box::pin(async {})
     }
 
     fn disconnect(&self) -> BoxFuture<'_, ()> {
@@ -113,7 +119,7 @@ pub type RequestSink = Box<dyn Fn(Publish) + Send>;
 /// Builds the connection and starts its task. Received requests go to `requests`.
 pub fn start(config: &BrokerConfig, requests: RequestSink, metrics: FrontEndMetrics) -> anyhow::Result<Connection> {
     let options = mqtt_options(config)?;
-    // Room for every publish the task lets in flight plus the acks other tasks send.
+    // Room for every publish the task lets in flight plus the acknowledgements queued with them.
     let capacity = 2 * usize::from(config.inflight) + 64;
     let (client, eventloop) = AsyncClient::new(options, capacity);
     let (outbound_tx, outbound_rx) = mpsc::unbounded_channel();
@@ -195,7 +201,7 @@ impl Backoff {
 struct ConnectionTask {
     eventloop: EventLoop,
     client: AsyncClient,
-    outbound: mpsc::UnboundedReceiver<Outbound>,
+    outbound: mpsc::UnboundedReceiver<Queued>,
     requests: RequestSink,
     metrics: FrontEndMetrics,
     connected: watch::Sender<bool>,
@@ -209,8 +215,8 @@ struct ConnectionTask {
     /// Publishes of the previous connection rumqttc sends again first; they carry no sender.
     resent: usize,
     is_connected: bool,
-    /// A publish rumqttc's channel had no room for.
-    stash: Option<Outbound>,
+    /// A publish or an acknowledgement rumqttc's channel had no room for.
+    stash: Option<Queued>,
     backoff: Backoff,
     /// Since when rumqttc has held a publish back because its packet id is still unacknowledged
     /// (a collision). rumqttc itself gives up only after two keep-alive periods.
@@ -253,7 +259,16 @@ impl ConnectionTask {
         }
     }
 
-    fn hand_over(&mut self, outbound: Outbound) {
+    fn hand_over(&mut self, queued: Queued) {
+        let outbound = match queued {
+            Queued::Publish(outbound) => outbound,
+            Queued::Ack(publish) => {
+                if let Err(ClientError::TryRequest(_)) | Err(ClientError::Request(_)) = self.client.try_ack(&publish) {
+                    self.stash = Some(Queued::Ack(publish));
+                }
+                return;
+            }
+        };
         let Outbound { topic, payload, properties, delivery } = outbound;
         match self.client.try_publish_with_properties(
             topic.clone(),
@@ -264,7 +279,7 @@ impl ConnectionTask {
         ) {
             Ok(()) => self.awaiting_id.push_back(delivery),
             Err(ClientError::TryRequest(_)) | Err(ClientError::Request(_)) => {
-                self.stash = Some(Outbound { topic, payload, properties, delivery });
+                self.stash = Some(Queued::Publish(Outbound { topic, payload, properties, delivery }));
             }
         }
     }

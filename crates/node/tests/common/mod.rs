@@ -6,6 +6,7 @@
 pub mod broker;
 pub mod mqtt;
 pub mod sdk;
+pub mod tap;
 
 use std::collections::BTreeMap;
 use std::fs::File;
