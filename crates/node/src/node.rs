@@ -142,8 +142,7 @@ impl Node {
             node.raft.clone(),
             node.reader.clone(),
             node.snapshot_wanted.clone(),
-            config.snapshot_every,
-            config.snapshot_log_bytes,
+            SnapshotThresholds::for_node(config.id, config.snapshot_every, config.snapshot_log_bytes),
         ));
         node.bootstrap(&config.initial_members, &config.peer_routes).await?;
         elector.start();
@@ -283,13 +282,7 @@ const SNAPSHOT_CHECK_EVERY: Duration = Duration::from_millis(200);
 /// that bound a large store would spend more on snapshots the larger it grows. With it, building
 /// snapshots writes at most about twice what the log does. A snapshot asked for through
 /// `Node::request_snapshot` is triggered until one covers the index it was asked at.
-async fn snapshot_policy(
-    raft: Raft,
-    reader: StateReader,
-    wanted: Arc<AtomicU64>,
-    every_entries: u64,
-    every_bytes: u64,
-) {
+async fn snapshot_policy(raft: Raft, reader: StateReader, wanted: Arc<AtomicU64>, thresholds: SnapshotThresholds) {
     let mut tick = tokio::time::interval(SNAPSHOT_CHECK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -308,8 +301,7 @@ async fn snapshot_policy(
         }
         let log = reader.log_bytes();
         let (entries, bytes) = (applied.saturating_sub(snapshot), log.since_snapshot());
-        let due = entries >= every_entries || bytes >= every_bytes;
-        if !due || bytes < log.snapshot_size() / 2 {
+        if !thresholds.due(entries, bytes, log.snapshot_size()) {
             continue;
         }
         tracing::info!(entries, bytes, last_snapshot_bytes = log.snapshot_size(), "building a snapshot");
@@ -321,10 +313,56 @@ async fn snapshot_policy(
     }
 }
 
+/// When a node builds a snapshot. Every node sees the same entries, so with equal thresholds all
+/// of them would build at the same moment, and a cluster whose nodes all build at once is slow
+/// all at once (on shared cores, and a quorum of busy disks). Each node's thresholds are scaled
+/// by 1, 4/3 or 5/3 after its id (`id % 3`), so the builds of three nodes fall apart and then
+/// drift further apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SnapshotThresholds {
+    every_entries: u64,
+    every_bytes: u64,
+    /// Thirds: 3, 4 or 5.
+    scale: u64,
+}
+
+impl SnapshotThresholds {
+    fn for_node(id: u64, every_entries: u64, every_bytes: u64) -> SnapshotThresholds {
+        SnapshotThresholds { every_entries, every_bytes, scale: 3 + id % 3 }
+    }
+
+    fn scaled(&self, value: u64) -> u64 {
+        value.saturating_mul(self.scale) / 3
+    }
+
+    /// Whether `entries` applied and `bytes` logged since the last snapshot, whose data file
+    /// has `snapshot_bytes`, call for a new one.
+    fn due(&self, entries: u64, bytes: u64, snapshot_bytes: u64) -> bool {
+        let due = entries >= self.scaled(self.every_entries) || bytes >= self.scaled(self.every_bytes);
+        due && bytes >= self.scaled(snapshot_bytes) / 2
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use statestore_protocol::{Hlc, Set};
+
+    #[test]
+    fn three_nodes_snapshot_at_three_different_points() {
+        let points: Vec<u64> = (1..=3)
+            .map(|id| {
+                let thresholds = SnapshotThresholds::for_node(id, 10_000, u64::MAX);
+                (0..).step_by(100).find(|&entries| thresholds.due(entries, 0, 0)).unwrap()
+            })
+            .collect();
+        assert_eq!(points, vec![13_400, 16_700, 10_000]);
+        let by_size = SnapshotThresholds::for_node(3, 1, 1);
+        assert!(!by_size.due(5, 499, 1000), "the log is not yet half the last snapshot's size");
+        assert!(by_size.due(5, 500, 1000));
+        let later = SnapshotThresholds::for_node(2, 1, 1);
+        assert!(!later.due(5, 800, 1000) && later.due(5, 833, 1000), "5/6 of it on a node scaled by 5/3");
+    }
 
     #[test]
     fn a_request_in_the_current_millisecond_gets_a_counter_0_version() {
