@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, Direction, Env, IteratorMode, Options,
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, Direction, Env, IteratorMode, Options, ReadOptions,
     SnapshotWithThreadMode, WriteBatch, WriteOptions, DB,
 };
 use statestore_statemachine::storage::ScanPage;
@@ -103,6 +103,16 @@ fn table_format() -> BlockBasedOptions {
 pub fn external_file_options() -> Options {
     let mut options = Options::default();
     options.set_block_based_table_factory(&table_format());
+    options
+}
+
+/// Read options of a scan over a whole table (a snapshot build): it leaves the block cache to
+/// the blocks point reads need instead of cycling every block of the table through it, and it
+/// reads ahead.
+pub fn bulk_scan() -> ReadOptions {
+    let mut options = ReadOptions::default();
+    options.fill_cache(false);
+    options.set_readahead_size(2 << 20);
     options
 }
 

@@ -454,7 +454,7 @@ fn build(
     let written = (|| {
         let mut writer = SnapshotWriter::new(BufWriter::with_capacity(1 << 20, SyncingFile::new(file)))?;
         for table in Table::ALL {
-            for item in view.iterator_cf(cf(db, table.name()), IteratorMode::Start) {
+            for item in view.iterator_cf_opt(cf(db, table.name()), db::bulk_scan(), IteratorMode::Start) {
                 let (key, value) = item.map_err(std::io::Error::other)?;
                 if table == Table::Dedup && dedup::expired(&value, clock) {
                     continue;
