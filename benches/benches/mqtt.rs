@@ -89,6 +89,7 @@ async fn start_cluster(dir: &std::path::Path, mqtt_port: u16) -> Vec<RunningNode
             snapshot_every: 10_000,
             snapshot_log_bytes: statestore_node::config::DEFAULT_SNAPSHOT_LOG_BYTES,
             logs_kept: 1_000,
+            max_http_commands: 1024,
             log: "warn".into(),
             log_json: false,
             broker: Some(BrokerConfig {

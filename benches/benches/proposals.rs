@@ -28,6 +28,7 @@ fn config(id: u64, port: u16, members: &str, dir: &std::path::Path) -> NodeConfi
         snapshot_every: 10_000,
         snapshot_log_bytes: statestore_node::config::DEFAULT_SNAPSHOT_LOG_BYTES,
         logs_kept: 1_000,
+        max_http_commands: 1024,
         log: "warn".into(),
         log_json: false,
         broker: None,

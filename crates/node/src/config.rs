@@ -57,6 +57,10 @@ pub struct Args {
     /// Entries kept in the log below the latest snapshot, for slightly lagging followers. Default 1000.
     #[arg(long, env = "STATESTORE_LOGS_KEPT")]
     pub logs_kept: Option<u64>,
+    /// Most `POST /v1/command` requests a node serves at once; beyond it, 503
+    /// `too_many_commands`. Default 1024.
+    #[arg(long, env = "STATESTORE_MAX_HTTP_COMMANDS")]
+    pub max_http_commands: Option<usize>,
     /// Log filter, e.g. `info` or `statestore=debug,openraft=info`. Default `info`.
     #[arg(long, env = "STATESTORE_LOG")]
     pub log: Option<String>,
@@ -120,6 +124,7 @@ struct FileConfig {
     snapshot_every: Option<u64>,
     snapshot_log_bytes: Option<u64>,
     logs_kept: Option<u64>,
+    max_http_commands: Option<usize>,
     log: Option<String>,
     log_format: Option<String>,
     broker: Option<String>,
@@ -153,6 +158,8 @@ pub struct NodeConfig {
     /// Log bytes since the last snapshot that trigger the next.
     pub snapshot_log_bytes: u64,
     pub logs_kept: u64,
+    /// Most `/v1/command` requests served at once.
+    pub max_http_commands: usize,
     pub log: String,
     /// Log lines as JSON objects instead of text.
     pub log_json: bool,
@@ -254,6 +261,7 @@ impl NodeConfig {
                 .or(file.snapshot_log_bytes)
                 .unwrap_or(DEFAULT_SNAPSHOT_LOG_BYTES),
             logs_kept: args.logs_kept.or(file.logs_kept).unwrap_or(1_000),
+            max_http_commands: args.max_http_commands.or(file.max_http_commands).unwrap_or(1024).max(1),
             log: args.log.or(file.log).unwrap_or_else(|| "info".to_string()),
             log_json: match args.log_format.or(file.log_format).as_deref() {
                 None | Some("text") => false,

@@ -87,6 +87,9 @@ pub struct Node {
     pub broker_connected: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>>,
     /// The applied index the last `request_snapshot` asked a snapshot to cover.
     snapshot_wanted: Arc<AtomicU64>,
+    /// One permit per `/v1/command` request being served (`--max-http-commands`).
+    pub http_commands: Arc<tokio::sync::Semaphore>,
+    pub max_http_commands: usize,
 }
 
 impl Node {
@@ -136,6 +139,8 @@ impl Node {
             elector: elector.clone(),
             broker_connected: std::sync::OnceLock::new(),
             snapshot_wanted: Arc::new(AtomicU64::new(0)),
+            http_commands: Arc::new(tokio::sync::Semaphore::new(config.max_http_commands)),
+            max_http_commands: config.max_http_commands,
         });
         node.metrics.watch(node.clone());
         tokio::spawn(snapshot_policy(

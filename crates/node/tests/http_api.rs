@@ -4,6 +4,7 @@
 mod common;
 
 use std::process::Command;
+use std::time::Duration;
 
 use common::{metric, Cluster};
 use serde_json::{json, Value};
@@ -181,4 +182,40 @@ fn a_wrong_configuration_is_refused_with_a_reason() {
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
+}
+
+/// `--max-http-commands` bounds the `/v1/command` requests a node serves at once: one more is
+/// refused at once with a 503 that names the limit, and served again once a slot is free.
+#[tokio::test(flavor = "multi_thread")]
+async fn commands_beyond_the_limit_are_refused_at_once_naming_the_limit() {
+    let cluster = Cluster::start(3, &["--max-http-commands", "1"]).await;
+    cluster.wait_ready().await;
+    let leader = cluster.wait_leader().await;
+    let followers: Vec<u64> = cluster.running().into_iter().filter(|id| *id != leader).collect();
+    // With both followers stopped this write cannot commit: it holds the one slot.
+    for id in &followers {
+        cluster.signal(*id, "STOP");
+    }
+    let held = cluster.set(leader, "held", "1");
+    let refused = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = std::time::Instant::now();
+        let refused = cluster.set(leader, "refused", "1").await;
+        let waited = started.elapsed();
+        for id in &followers {
+            cluster.signal(*id, "CONT");
+        }
+        (refused, waited)
+    };
+    let (held, (refused, waited)) = tokio::join!(held, refused);
+    match refused {
+        Err(common::Refused::Status(503, body)) => {
+            assert_eq!(body["code"], "too_many_commands", "{body}");
+            assert!(body["message"].as_str().unwrap().contains("--max-http-commands"), "{body}");
+        }
+        other => panic!("expected 503 too_many_commands, got {other:?}"),
+    }
+    assert!(waited < Duration::from_secs(1), "refused at once, not queued: {waited:?}");
+    assert_eq!(held.expect("the held write commits once the followers resume").response, Response::Ok);
+    assert_eq!(cluster.set(leader, "after", "1").await.expect("the slot is free again").response, Response::Ok);
 }

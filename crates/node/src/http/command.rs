@@ -8,13 +8,14 @@
 //!   leader (may be stale); the default is linearizable, on the leader only.
 //!
 //! The answer is 200 with the reply as the body and its version in `statestore-ts`, or a JSON
-//! error: 421 with the leader's address on a follower, 503 when no quorum answers in time.
+//! error: 421 with the leader's address on a follower, 503 when no quorum answers in time, 503
+//! `too_many_commands` when `--max-http-commands` requests are being served already.
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use statestore_protocol::Request;
@@ -47,6 +48,18 @@ pub async fn execute(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    // Not queued: a caller past the limit is told at once, and may retry.
+    let Ok(_permit) = node.http_commands.clone().try_acquire_owned() else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_commands",
+            format!(
+                "{} /v1/command requests are being served already, the most this node serves at once \
+                 (--max-http-commands); retry later",
+                node.max_http_commands
+            ),
+        ));
+    };
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let consistency = match query.consistency.as_deref() {
         None | Some("linearizable") => ReadConsistency::Linearizable,
