@@ -33,9 +33,8 @@ impl Link for RecordingLink {
         let _ = self.events.send(Event::Published(Box::new(outbound)));
     }
 
-    fn ack<'a>(&'a self, publish: &'a Publish) -> BoxFuture<'a, ()> {
+    fn ack(&self, publish: &Publish) {
         let _ = self.events.send(Event::Acked(publish.pkid));
-        Box::pin(async {})
     }
 
     fn disconnect(&self) -> BoxFuture<'_, ()> {

@@ -72,7 +72,7 @@ pub trait Link: Send + Sync + 'static {
     fn publish(&self, outbound: Outbound);
     /// Acknowledges a received request (the broker will not send it again), after every publish
     /// made before the call.
-    fn ack<'a>(&'a self, publish: &'a Publish) -> BoxFuture<'a, ()>;
+    fn ack(&self, publish: &Publish);
     /// Sends DISCONNECT; the broker keeps the session for the session expiry.
     fn disconnect(&self) -> BoxFuture<'_, ()>;
 }
@@ -83,12 +83,11 @@ impl Link for Connection {
         let _ = self.outbound.send(Queued::Publish(outbound));
     }
 
-    fn ack<'a>(&'a self, publish: &'a Publish) -> BoxFuture<'a, ()> {
+    fn ack(&self, publish: &Publish) {
         if publish.qos != QoS::AtMostOnce {
             // Behind every publish queued before it, the response to this request included.
             let _ = self.outbound.send(Queued::Ack(receipt(publish)));
         }
-        Box::pin(async {})
     }
 
     fn disconnect(&self) -> BoxFuture<'_, ()> {

@@ -71,8 +71,6 @@ pub struct FrontEnd {
     /// Mirrors the node's leadership in dispatch order.
     leading: AtomicBool,
     dispatch: mpsc::UnboundedSender<Dispatch>,
-    /// Requests to acknowledge to the broker, in order.
-    acks: mpsc::UnboundedSender<Publish>,
 }
 
 impl FrontEnd {
@@ -110,7 +108,6 @@ impl FrontEnd {
         dispatch_rx: mpsc::UnboundedReceiver<Dispatch>,
     ) -> anyhow::Result<Arc<FrontEnd>> {
         let notifier = Arc::new(Notifier::new(node.reader.clone(), link.clone(), metrics.clone(), node.leader.clone()));
-        let (acks_tx, acks_rx) = mpsc::unbounded_channel();
         let front = Arc::new(FrontEnd {
             node: node.clone(),
             link: link.clone(),
@@ -119,11 +116,9 @@ impl FrontEnd {
             shadow: Mutex::new(Shadow::new(SHADOW_CAPACITY)),
             leading: AtomicBool::new(false),
             dispatch: dispatch_tx,
-            acks: acks_tx,
         });
         node.leader.attach_sink(notifier)?;
         tokio::spawn(front.clone().dispatcher(dispatch_rx));
-        tokio::spawn(acknowledge(link, acks_rx));
         tokio::spawn(front.clone().follow_leadership());
         tokio::spawn(front.clone().settle_shadow());
         tokio::spawn(front.clone().follow_sessions(sessions));
@@ -142,7 +137,7 @@ impl FrontEnd {
                     match Inbound::classify(&publish, received) {
                         Err(reason) => {
                             self.drop_request(reason);
-                            let _ = self.acks.send(*publish);
+                            self.link.ack(&publish);
                         }
                         Ok(inbound) => self.place(Shadowed {
                             inbound,
@@ -223,7 +218,7 @@ impl FrontEnd {
     /// Acknowledges a request to the broker, once, after everything acknowledged before it.
     fn ack(&self, request: &Shadowed) {
         if !request.acked {
-            let _ = self.acks.send(request.receipt.clone());
+            self.link.ack(&request.receipt);
         }
     }
 
@@ -398,7 +393,7 @@ impl FrontEnd {
                 settled
             };
             for publish in settled.applied {
-                let _ = self.acks.send(publish);
+                self.link.ack(&publish);
             }
             for request in &settled.forgotten {
                 self.ack(request);
@@ -419,11 +414,4 @@ fn request_sink(dispatch: &mpsc::UnboundedSender<Dispatch>) -> RequestSink {
         // Closed only when the dispatcher is gone, i.e. the node is stopping.
         let _ = dispatch.send(Dispatch::Request(Box::new(publish)));
     })
-}
-
-/// Acknowledges requests to the broker in the order they were handed over.
-async fn acknowledge(link: Arc<dyn Link>, mut acks: mpsc::UnboundedReceiver<Publish>) {
-    while let Some(publish) = acks.recv().await {
-        link.ack(&publish).await;
-    }
 }

@@ -181,13 +181,14 @@ impl Shadow {
         let last_applied = drained.iter().filter_map(|s| s.applied_at).max();
         let mut takeover = Takeover::default();
         for request in drained {
-            match request.applied_at {
-                None if !request.acked => takeover.execute.push(request),
-                None if now.duration_since(request.received) <= READ_REANSWER_WINDOW => takeover.execute.push(request),
-                Some(at) if last_applied.is_some_and(|last| last.duration_since(at) <= REANSWER_WINDOW) => {
-                    takeover.reanswer.push(request)
-                }
-                _ => takeover.answered += 1,
+            if !request.acked {
+                takeover.execute.push(request);
+            } else if !needed_by_a_new_leader(&request, last_applied, now) {
+                takeover.answered += 1;
+            } else if request.applied_at.is_some() {
+                takeover.reanswer.push(request);
+            } else {
+                takeover.execute.push(request);
             }
         }
         takeover
@@ -290,6 +291,15 @@ mod tests {
         shadowed(correlation, Set::new("k", "v").encode(), now)
     }
 
+    /// A shadow holding SETs with the correlation ids `correlations`, received at `now`.
+    fn shadow_of(correlations: std::ops::RangeInclusive<u8>, now: Instant) -> Shadow {
+        let mut shadow = Shadow::new(100);
+        for c in correlations {
+            assert!(shadow.insert(set(c, now)).is_empty());
+        }
+        shadow
+    }
+
     fn correlations(list: &[Shadowed]) -> Vec<u8> {
         list.iter().map(|s| s.inbound.correlation_data.as_ref().unwrap()[0]).collect()
     }
@@ -297,10 +307,7 @@ mod tests {
     #[test]
     fn applied_requests_leave_and_the_rest_drain_in_order() {
         let now = Instant::now();
-        let mut shadow = Shadow::new(100);
-        for c in 1..=5 {
-            assert!(shadow.insert(set(c, now)).is_empty());
-        }
+        let mut shadow = shadow_of(1..=5, now);
         let even: Vec<RequestIdentity> = [2, 4].iter().map(|c| set(*c, now).inbound.identity().unwrap()).collect();
         let settled = shadow.settle(now, &even, |_| panic!("young requests are not looked up"));
         assert_eq!(settled.applied.len(), 2, "applied writes are acknowledged");
@@ -316,10 +323,7 @@ mod tests {
     #[test]
     fn applied_writes_are_kept_only_while_a_new_leader_would_answer_them_again() {
         let now = Instant::now();
-        let mut shadow = Shadow::new(100);
-        for c in 1..=5 {
-            shadow.insert(set(c, now));
-        }
+        let mut shadow = shadow_of(1..=5, now);
         let identity = |c: u8| set(c, now).inbound.identity().unwrap();
         let at = |ms: u64| now + Duration::from_millis(ms);
         assert!(shadow.settle(at(0), &[identity(1), identity(2)], |_| false).forgotten.is_empty());
@@ -338,10 +342,7 @@ mod tests {
     #[test]
     fn a_new_leader_drains_applied_and_unapplied_requests_in_order() {
         let now = Instant::now();
-        let mut shadow = Shadow::new(100);
-        for c in 1..=4 {
-            shadow.insert(set(c, now));
-        }
+        let mut shadow = shadow_of(1..=4, now);
         shadow.settle(now, &[set(2, now).inbound.identity().unwrap()], |_| false);
         let drained = shadow.drain();
         assert_eq!(correlations(&drained), vec![1, 2, 3, 4]);
@@ -351,10 +352,7 @@ mod tests {
     #[test]
     fn a_new_leader_executes_the_unapplied_and_answers_again_only_the_last_applied() {
         let start = Instant::now();
-        let mut shadow = Shadow::new(100);
-        for c in 1..=4 {
-            shadow.insert(set(c, start));
-        }
+        let mut shadow = shadow_of(1..=4, start);
         let mut old_read = shadowed(5, Get { key: b"k".to_vec() }.encode(), start);
         old_read.acked = true;
         shadow.insert(old_read);
