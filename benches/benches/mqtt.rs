@@ -103,6 +103,7 @@ async fn start_cluster(dir: &std::path::Path, mqtt_port: u16) -> Vec<RunningNode
                 keep_alive: Duration::from_secs(10),
                 inflight: 1000,
                 max_packet_size: 16 << 20,
+                follower_qos: 0,
             }),
         };
         nodes.push(server::start(&config).await.unwrap());

@@ -106,6 +106,11 @@ pub struct Args {
     /// Largest MQTT packet accepted from the broker, in bytes. Default 16777216 (16 MiB).
     #[arg(long, env = "STATESTORE_BROKER_MAX_PACKET_SIZE")]
     pub broker_max_packet_size: Option<u32>,
+    /// QoS at which a follower subscribes to the request topic: 0 (default; the broker does not
+    /// keep followers' copies in flight) or 1 (a follower away from the broker gets what it
+    /// missed when it returns). The leader always subscribes at QoS 1.
+    #[arg(long, env = "STATESTORE_BROKER_FOLLOWER_QOS")]
+    pub broker_follower_qos: Option<u8>,
 }
 
 /// The same settings, read from the TOML file.
@@ -139,6 +144,7 @@ struct FileConfig {
     broker_keep_alive_secs: Option<u64>,
     broker_inflight: Option<u16>,
     broker_max_packet_size: Option<u32>,
+    broker_follower_qos: Option<u8>,
 }
 
 /// A complete, checked node configuration.
@@ -180,6 +186,8 @@ pub struct BrokerConfig {
     pub keep_alive: Duration,
     pub inflight: u16,
     pub max_packet_size: u32,
+    /// QoS of a follower's request subscription (0 or 1); the leader's is always 1.
+    pub follower_qos: u8,
 }
 
 /// TLS to the broker: the CA to trust (system roots when `None`) and an optional client identity.
@@ -343,6 +351,10 @@ fn broker_config(id: NodeId, args: &Args, file: &FileConfig) -> Result<Option<Br
     if max_packet_size < 64 << 10 {
         return error("--broker-max-packet-size must be at least 65536".into());
     }
+    let follower_qos = args.broker_follower_qos.or(file.broker_follower_qos).unwrap_or(0);
+    if follower_qos > 1 {
+        return error(format!("--broker-follower-qos must be 0 or 1, not {follower_qos}"));
+    }
     let keep_alive = args.broker_keep_alive_secs.or(file.broker_keep_alive_secs).unwrap_or(10);
     if keep_alive < 5 {
         return error("--broker-keep-alive-secs must be at least 5".into());
@@ -360,6 +372,7 @@ fn broker_config(id: NodeId, args: &Args, file: &FileConfig) -> Result<Option<Br
         keep_alive: Duration::from_secs(keep_alive),
         inflight,
         max_packet_size,
+        follower_qos,
     }))
 }
 
@@ -464,6 +477,9 @@ mod tests {
         let broker = NodeConfig::from_args(args(&["--id", "4", "--broker", "127.0.0.1:1883"])).unwrap().broker.unwrap();
         assert_eq!((broker.host.as_str(), broker.port, broker.client_id.as_str()), ("127.0.0.1", 1883, "statestore-4"));
         assert_eq!((broker.tls, broker.inflight, broker.session_expiry), (None, 1000, Duration::from_secs(300)));
+        assert_eq!(broker.follower_qos, 0);
+        let qos1 = NodeConfig::from_args(args(&["--id", "1", "--broker", "h:1", "--broker-follower-qos", "1"]));
+        assert_eq!(qos1.unwrap().broker.unwrap().follower_qos, 1);
         let named = NodeConfig::from_args(args(&[
             "--id",
             "2",
@@ -488,6 +504,7 @@ mod tests {
             &["--broker", "h:1", "--broker-password", "p"],
             &["--broker", "h:1", "--broker-inflight", "0"],
             &["--broker", "h:1", "--broker-max-packet-size", "1000"],
+            &["--broker", "h:1", "--broker-follower-qos", "2"],
         ] {
             let mut list = vec!["--id", "1"];
             list.extend_from_slice(bad);

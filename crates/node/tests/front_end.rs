@@ -11,7 +11,7 @@ use clap::Parser;
 use futures::future::BoxFuture;
 use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
-use statestore_node::mqtt::{Delivery, FrontEnd, Link, Outbound, RequestSink};
+use statestore_node::mqtt::{Delivered, Delivery, FrontEnd, Link, Outbound, RequestSink};
 use statestore_node::{Args, Node, NodeConfig};
 use statestore_protocol::topic::{hex_upper, NOTIFICATION_PREFIX, REQUEST_TOPIC};
 use statestore_protocol::{Get, Hlc, KeyNotify, Notification, Response, Set};
@@ -26,6 +26,8 @@ enum Event {
 
 struct RecordingLink {
     events: mpsc::UnboundedSender<Event>,
+    /// The role the front end last told the link to subscribe for (`true`: leading).
+    role: watch::Sender<Option<bool>>,
 }
 
 impl Link for RecordingLink {
@@ -35,6 +37,10 @@ impl Link for RecordingLink {
 
     fn ack(&self, publish: &Publish) {
         let _ = self.events.send(Event::Acked(publish.pkid));
+    }
+
+    fn follow_role(&self, leading: bool) {
+        self.role.send_replace(Some(leading));
     }
 
     fn disconnect(&self) -> BoxFuture<'_, ()> {
@@ -68,12 +74,19 @@ impl Harness {
         let node = Node::start(&config).await.unwrap();
         let (events_tx, events) = mpsc::unbounded_channel();
         let (_sessions_tx, sessions) = watch::channel(0);
-        let link = Arc::new(RecordingLink { events: events_tx });
+        let (role_tx, mut role) = watch::channel(None);
+        let link = Arc::new(RecordingLink { events: events_tx, role: role_tx });
         let (front, requests) = FrontEnd::with_link(node.clone(), link, sessions).unwrap();
         let mut leading = node.leader.leading();
         tokio::time::timeout(Duration::from_secs(10), leading.wait_for(|term| term.is_some()))
             .await
             .expect("the single node did not lead within 10 s")
+            .unwrap();
+        // The leader's request subscription is QoS 1: the broker redelivers what it leaves
+        // unanswered.
+        tokio::time::timeout(Duration::from_secs(10), role.wait_for(|leading| *leading == Some(true)))
+            .await
+            .expect("the front end did not subscribe as the leader")
             .unwrap();
         let mut harness = Harness { node, front, requests, events, next_pkid: 1, _dir: dir };
         // The front end takes over once it hears of the leadership: a request it holds until
@@ -108,7 +121,7 @@ impl Harness {
         self.next_pkid += 1;
         edit(&mut publish);
         let pkid = publish.pkid;
-        (self.requests)(publish);
+        (self.requests)(publish, Delivered::AsPublished);
         pkid
     }
 

@@ -105,7 +105,7 @@ async fn a_request_is_acknowledged_to_the_broker_only_after_its_response() {
         .unwrap()
         .iter()
         .filter_map(|p| match p {
-            Seen::Publish { pkid, correlation } if mine(correlation) => Some((*pkid, correlation.clone().unwrap())),
+            Seen::Publish { pkid, correlation, .. } if mine(correlation) => Some((*pkid, correlation.clone().unwrap())),
             _ => None,
         })
         .collect();
@@ -131,6 +131,100 @@ async fn a_request_is_acknowledged_to_the_broker_only_after_its_response() {
     }
     assert_eq!(acked, REQUESTS, "every request was acknowledged");
     assert!(early.is_empty(), "{} of {REQUESTS} requests acknowledged before their response: {early:?}", early.len());
+}
+
+/// The leader subscribes to requests at QoS 1 (the broker redelivers what it leaves
+/// unanswered), followers at QoS 0 (the broker keeps no copy in flight for them); a follower
+/// that becomes leader subscribes again at QoS 1. A proxy records the QoS the broker delivered
+/// each request at, per node.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_leader_receives_requests_at_qos_1_and_followers_at_qos_0() {
+    let broker = Broker::start();
+    let tap = Tap::start(broker.port).await;
+    let mut cluster = Cluster::start(3, &["--broker", &format!("127.0.0.1:{}", tap.port)]).await;
+    cluster.wait_ready().await;
+    let client = RawClient::connect(broker.port, "qos-by-role").await;
+    let first = cluster.wait_leader().await;
+    wait_subscribed_at_qos_1(&tap, first).await;
+    let send = |tag: &'static str| {
+        let client = &client;
+        async move {
+            for i in 0..20 {
+                let mut properties = client.properties(&timestamp());
+                properties.correlation_data = Some(bytes::Bytes::from(format!("{tag}-{i:013}")));
+                let key = format!("qos-{tag}-{i}");
+                let response =
+                    client.request_with(&set(key.as_bytes(), b"v"), properties, Duration::from_secs(10)).await;
+                assert_eq!(response.expect("answered within 10 s").payload, b"+OK\r\n", "{tag} {i}");
+            }
+        }
+    };
+    send("b4").await;
+    assert_delivered_by_role(&tap, &cluster.running(), "b4", first).await;
+    assert_nothing_dropped(&cluster).await;
+
+    cluster.kill(first);
+    let second = cluster.wait_leader().await;
+    wait_subscribed_at_qos_1(&tap, second).await;
+    send("af").await;
+    assert_delivered_by_role(&tap, &cluster.running(), "af", second).await;
+    assert_nothing_dropped(&cluster).await;
+}
+
+/// No node dropped a request: a follower keeps what it received at QoS 0 (its subscription's
+/// QoS, not the client's) in its shadow.
+async fn assert_nothing_dropped(cluster: &Cluster) {
+    for id in cluster.running() {
+        let dropped = metric(&cluster.metrics(id).await, "statestore_requests_dropped_total").unwrap_or(0.0);
+        assert_eq!(dropped, 0.0, "node {id} dropped requests");
+    }
+}
+
+/// Waits until node `id`'s last SUBSCRIBE asked for QoS 1 and the broker answered it.
+async fn wait_subscribed_at_qos_1(tap: &Tap, id: u64) {
+    let client_id = format!("statestore-{id}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let subscribes: Vec<u8> = tap.from_client.lock().unwrap()[&client_id]
+            .iter()
+            .filter_map(|p| match p {
+                Seen::Subscribe { qos } => Some(*qos),
+                _ => None,
+            })
+            .collect();
+        let subacks = tap.to_client.lock().unwrap()[&client_id].iter().filter(|p| **p == Seen::Other(9)).count();
+        if subscribes.last() == Some(&1) && subacks == subscribes.len() {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "node {id} did not subscribe at QoS 1: {subscribes:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every running node received the 20 requests tagged `tag`: the leader at QoS 1, the others
+/// at QoS 0.
+async fn assert_delivered_by_role(tap: &Tap, running: &[u64], tag: &str, leader: u64) {
+    let qos_of = |id: u64| -> Vec<u8> {
+        let to_client = tap.to_client.lock().unwrap();
+        let seen = to_client.get(&format!("statestore-{id}")).map(Vec::as_slice).unwrap_or_default();
+        seen.iter()
+            .filter_map(|p| match p {
+                Seen::Publish { qos, correlation: Some(c), .. } if c.starts_with(tag.as_bytes()) => Some(*qos),
+                _ => None,
+            })
+            .collect()
+    };
+    // The leader has answered them all; a follower's copies may still be on their way.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while running.iter().any(|id| qos_of(*id).len() < 20) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for id in running {
+        let qos = qos_of(*id);
+        let expected = if *id == leader { 1 } else { 0 };
+        assert!(qos.iter().all(|q| *q == expected), "node {id} (leader {leader}) got {tag} requests at QoS {qos:?}");
+        assert_eq!(qos.len(), 20, "node {id} received every {tag} request");
+    }
 }
 
 async fn cluster_with_broker() -> (Broker, Cluster) {

@@ -14,9 +14,10 @@ const VERSION: &[u8] = b"version";
 const KEY_COUNT: &[u8] = b"key_count";
 const BYTE_COUNT: &[u8] = b"byte_count";
 const OUTBOX_NEXT: &[u8] = b"outbox_next";
+const REGISTRATION_COUNT: &[u8] = b"registration_count";
 
 /// Meta keys the state machine owns; other layers sharing [`Table::Meta`] must not use them.
-pub const RESERVED_META_KEYS: [&[u8]; 5] = [CLOCK, VERSION, KEY_COUNT, BYTE_COUNT, OUTBOX_NEXT];
+pub const RESERVED_META_KEYS: [&[u8]; 6] = [CLOCK, VERSION, KEY_COUNT, BYTE_COUNT, OUTBOX_NEXT, REGISTRATION_COUNT];
 
 fn read_u64(store: &(impl StorageRead + ?Sized), key: &[u8]) -> Result<u64, StorageError> {
     store.get(Table::Meta, key)?.map_or(Ok(0), |v| decode_u64(Table::Meta, &v))
@@ -85,4 +86,13 @@ pub(crate) fn take_outbox_seq(txn: &mut impl Txn) -> Result<u64, StorageError> {
     let seq = outbox_next(txn)?;
     txn.put(Table::Meta, OUTBOX_NEXT.to_vec(), encode_u64(seq + 1));
     Ok(seq)
+}
+
+/// Number of KEYNOTIFY registrations, `None` in a store written before the count was kept.
+pub(crate) fn registration_count(store: &(impl StorageRead + ?Sized)) -> Result<Option<u64>, StorageError> {
+    store.get(Table::Meta, REGISTRATION_COUNT)?.map(|v| decode_u64(Table::Meta, &v)).transpose()
+}
+
+pub(crate) fn set_registration_count(txn: &mut impl Txn, count: u64) {
+    txn.put(Table::Meta, REGISTRATION_COUNT.to_vec(), encode_u64(count));
 }

@@ -386,6 +386,39 @@ fn a_set_notifies_once_with_the_value_and_the_sets_version() {
     assert_eq!(Some(&notified(&deleted)[0].version), deleted.reply.version.as_ref());
 }
 
+/// The count of registrations that lets a change skip the lookup of its watchers: kept through
+/// register, stop and a dropped client, and counted once in a store written without it.
+#[test]
+fn the_registration_count_follows_registrations_and_is_counted_where_missing() {
+    use statestore_statemachine::{Batch, Storage, StorageRead, Table};
+    const COUNT: &[u8] = b"registration_count";
+    let count =
+        |h: &Harness| h.store.get(Table::Meta, COUNT).unwrap().map(|v| u64::from_be_bytes(v[1..].try_into().unwrap()));
+    let (mut h, mut a, mut b) = (Harness::new(), Client::new("a"), Client::new("b"));
+    assert!(notified(&h.send(&mut a, set("k1", "v"), None)).is_empty());
+    assert_eq!(count(&h), Some(0), "the first change records the empty count");
+    watched(&h.send(&mut a, watch("k1"), None));
+    watched(&h.send(&mut a, watch("k2"), None));
+    watched(&h.send(&mut b, watch("k1"), None));
+    watched(&h.send(&mut b, watch("k1"), None));
+    assert_eq!(count(&h), Some(3), "a repeated KEYNOTIFY counts once");
+    assert_eq!(notified(&h.send(&mut a, set("k1", "v"), None)).len(), 2);
+    h.send(&mut b, stop("k1"), None);
+    h.send(&mut b, stop("k1"), None);
+    assert_eq!(count(&h), Some(2));
+    h.apply(Operation::DropRegistrations { client_id: "a".into() });
+    assert_eq!(count(&h), Some(0));
+    assert!(notified(&h.send(&mut a, set("k1", "v"), None)).is_empty(), "nobody left to notify");
+
+    // A store from before the count: registrations, no count.
+    watched(&h.send(&mut b, watch("k3"), None));
+    watched(&h.send(&mut a, watch("k3"), None));
+    h.store.write(Batch { writes: vec![(Table::Meta, COUNT.to_vec(), None)] }).unwrap();
+    let n = notified(&h.send(&mut a, set("k3", "v"), None));
+    assert_eq!(n.iter().map(|n| n.client_id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+    assert_eq!(count(&h), Some(2), "counted from the registrations");
+}
+
 /// Rust test 21: SET v1, DEL, observe, SET v2, DEL, SET v3, STOP, SET v4, DEL.
 #[test]
 fn notifications_follow_registration_in_order() {

@@ -6,6 +6,11 @@
 //! Persistent session (`clean_start=false` with a session expiry) and manual acks: the broker
 //! redelivers every request this node did not acknowledge, also across a restart of the node.
 //! Reconnects back off exponentially with jitter; a CONNACK without a session subscribes again.
+//!
+//! The request subscription follows the node's role (DESIGN.md §1): the leader subscribes at
+//! QoS 1, so the broker redelivers what it did not answer; a follower at the configured follower
+//! QoS, 0 by default, so the broker keeps no copy in flight for it and it sends no PUBACKs. A
+//! role change subscribes again at the new QoS, which replaces the old subscription in place.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -21,6 +26,7 @@ use statestore_protocol::topic::REQUEST_TOPIC;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use super::envelope::Delivered;
 use super::metrics::FrontEndMetrics;
 use crate::config::BrokerConfig;
 
@@ -52,6 +58,8 @@ pub struct Outbound {
 enum Queued {
     Publish(Outbound),
     Ack(Publish),
+    /// The node leads (`true`) or follows: subscribe to requests at that role's QoS.
+    Role(bool),
 }
 
 /// What the rest of the node holds of the connection.
@@ -73,6 +81,9 @@ pub trait Link: Send + Sync + 'static {
     /// Acknowledges a received request (the broker will not send it again), after every publish
     /// made before the call.
     fn ack(&self, publish: &Publish);
+    /// Subscribes to requests at the QoS of the node's role: 1 while `leading`, the follower
+    /// QoS otherwise.
+    fn follow_role(&self, leading: bool);
     /// Sends DISCONNECT; the broker keeps the session for the session expiry.
     fn disconnect(&self) -> BoxFuture<'_, ()>;
 }
@@ -88,6 +99,10 @@ impl Link for Connection {
             // Behind every publish queued before it, the response to this request included.
             let _ = self.outbound.send(Queued::Ack(receipt(publish)));
         }
+    }
+
+    fn follow_role(&self, leading: bool) {
+        let _ = self.outbound.send(Queued::Role(leading));
     }
 
     fn disconnect(&self) -> BoxFuture<'_, ()> {
@@ -113,7 +128,7 @@ pub fn receipt(publish: &Publish) -> Publish {
 }
 
 /// Where the connection task hands each received request, in arrival order. It must not block.
-pub type RequestSink = Box<dyn Fn(Publish) + Send>;
+pub type RequestSink = Box<dyn Fn(Publish, Delivered) + Send>;
 
 /// Builds the connection and starts its task. Received requests go to `requests`.
 pub fn start(config: &BrokerConfig, requests: RequestSink, metrics: FrontEndMetrics) -> anyhow::Result<Connection> {
@@ -140,6 +155,9 @@ pub fn start(config: &BrokerConfig, requests: RequestSink, metrics: FrontEndMetr
         stash: None,
         backoff: Backoff::new(),
         collision_since: None,
+        follower_qos: if config.follower_qos == 0 { QoS::AtMostOnce } else { QoS::AtLeastOnce },
+        leading: false,
+        subscription: Subscription::default(),
     };
     tokio::spawn(task.run());
     Ok(Connection { client, outbound: outbound_tx, connected, sessions })
@@ -220,6 +238,20 @@ struct ConnectionTask {
     /// Since when rumqttc has held a publish back because its packet id is still unacknowledged
     /// (a collision). rumqttc itself gives up only after two keep-alive periods.
     collision_since: Option<Instant>,
+    /// QoS of the request subscription while following.
+    follower_qos: QoS,
+    leading: bool,
+    subscription: Subscription,
+}
+
+/// The request subscription of the current session, by the QoS this node asked for (the broker
+/// may grant less; that is logged, not asked again).
+#[derive(Debug, Default)]
+struct Subscription {
+    /// Asked for in the last SUBSCRIBE the broker answered.
+    answered: Option<QoS>,
+    /// Asked for in a SUBSCRIBE not answered yet.
+    requested: Option<QoS>,
 }
 
 /// How long a packet-id collision may last before the connection is dropped and established
@@ -231,6 +263,7 @@ impl ConnectionTask {
         let mut retry_at: Option<Instant> = None;
         loop {
             self.flush_stash();
+            self.subscribe_at_role_qos();
             let room = self.stash.is_none() && self.awaiting_id.len() < self.window;
             tokio::select! {
                 _ = async { tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)).await }, if retry_at.is_some() => {
@@ -267,6 +300,10 @@ impl ConnectionTask {
                 }
                 return;
             }
+            Queued::Role(leading) => {
+                self.leading = leading;
+                return;
+            }
         };
         let Outbound { topic, payload, properties, delivery } = outbound;
         match self.client.try_publish_with_properties(
@@ -280,6 +317,21 @@ impl ConnectionTask {
             Err(ClientError::TryRequest(_)) | Err(ClientError::Request(_)) => {
                 self.stash = Some(Queued::Publish(Outbound { topic, payload, properties, delivery }));
             }
+        }
+    }
+
+    /// Subscribes to requests again when the role's QoS is not the one the broker granted (or is
+    /// about to), e.g. after a role change or in a new session.
+    fn subscribe_at_role_qos(&mut self) {
+        let wanted = if self.leading { QoS::AtLeastOnce } else { self.follower_qos };
+        let Subscription { answered, requested } = self.subscription;
+        if !self.is_connected || requested.or(answered) == Some(wanted) {
+            return;
+        }
+        match self.client.try_subscribe(REQUEST_TOPIC, wanted) {
+            Ok(()) => self.subscription.requested = Some(wanted),
+            // rumqttc's channel is full: the next turn of the loop tries again.
+            Err(ClientError::TryRequest(_)) | Err(ClientError::Request(_)) => {}
         }
     }
 
@@ -318,10 +370,11 @@ impl ConnectionTask {
                     .iter()
                     .filter(|r| matches!(r, rumqttc::v5::Request::Publish(p) if p.qos != QoS::AtMostOnce))
                     .count();
+                // A SUBSCRIBE of the last connection may not have reached the broker; a new
+                // session has no subscription at all.
+                self.subscription.requested = None;
                 if !connack.session_present {
-                    if let Err(e) = self.client.try_subscribe(REQUEST_TOPIC, QoS::AtLeastOnce) {
-                        tracing::error!(error = %e, "cannot subscribe to the request topic");
-                    }
+                    self.subscription.answered = None;
                 }
                 self.sessions.send_modify(|n| *n += 1);
                 let _ = self.connected.send(true);
@@ -330,7 +383,13 @@ impl ConnectionTask {
             }
             Event::Incoming(Packet::Publish(publish)) => {
                 if publish.topic.as_ref() == REQUEST_TOPIC.as_bytes() {
-                    (self.requests)(publish);
+                    // Only a confirmed QoS 1 subscription delivers at the client's QoS; a SUBSCRIBE
+                    // not yet answered may still be in either state.
+                    let delivered = match self.subscription {
+                        Subscription { answered: Some(QoS::AtLeastOnce), requested: None } => Delivered::AsPublished,
+                        _ => Delivered::MaybeCapped,
+                    };
+                    (self.requests)(publish, delivered);
                 } else {
                     tracing::warn!(topic = %String::from_utf8_lossy(&publish.topic), "a publish on a topic we did not subscribe to");
                     let _ = self.client.try_ack(&publish);
@@ -346,14 +405,19 @@ impl ConnectionTask {
                 }
             }
             Event::Incoming(Packet::SubAck(suback)) => {
-                let granted = suback
-                    .return_codes
-                    .iter()
-                    .all(|code| matches!(code, rumqttc::v5::mqttbytes::v5::SubscribeReasonCode::Success(_)));
-                if granted {
-                    tracing::info!(topic = REQUEST_TOPIC, "subscribed");
-                } else {
-                    tracing::error!(codes = ?suback.return_codes, "the broker refused the request subscription");
+                use rumqttc::v5::mqttbytes::v5::SubscribeReasonCode;
+                let requested = self.subscription.requested.take();
+                self.subscription.answered = requested;
+                match suback.return_codes.as_slice() {
+                    [SubscribeReasonCode::Success(qos)] => {
+                        if requested.is_some_and(|wanted| wanted != *qos) {
+                            tracing::warn!(?requested, granted = ?qos, "the broker granted another QoS for requests");
+                        }
+                        tracing::info!(topic = REQUEST_TOPIC, qos = ?qos, leading = self.leading, "subscribed");
+                    }
+                    codes => {
+                        tracing::error!(?codes, "the broker refused the request subscription");
+                    }
                 }
             }
             Event::Incoming(Packet::Disconnect(disconnect)) => {

@@ -52,6 +52,15 @@ pub enum Body {
     UnsupportedVersion(String),
 }
 
+/// How the broker delivered a request: at the QoS its client published it, or perhaps capped at
+/// QoS 0 by this node's QoS 0 subscription (a follower's), so that a QoS 0 delivery says
+/// nothing about the client's QoS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivered {
+    AsPublished,
+    MaybeCapped,
+}
+
 /// An answerable request.
 #[derive(Debug, Clone)]
 pub struct Inbound {
@@ -66,9 +75,11 @@ pub struct Inbound {
 }
 
 impl Inbound {
-    /// Reads a request publish received at `received`.
-    pub fn classify(publish: &Publish, received: Instant) -> Result<Inbound, DropReason> {
-        if publish.qos == QoS::AtMostOnce {
+    /// Reads a request publish received at `received`. A request its client published at QoS 0
+    /// is dropped; one `delivered` at QoS 0 through a QoS 0 subscription may have been QoS 1
+    /// and is kept.
+    pub fn classify(publish: &Publish, delivered: Delivered, received: Instant) -> Result<Inbound, DropReason> {
+        if publish.qos == QoS::AtMostOnce && delivered == Delivered::AsPublished {
             return Err(DropReason::QoS0);
         }
         let empty = PublishProperties::default();
@@ -199,7 +210,8 @@ mod tests {
     #[test]
     fn an_sdk_request_is_a_command_with_its_identity() {
         let now = Instant::now();
-        let inbound = Inbound::classify(&request(&set_payload(), QoS::AtLeastOnce, |_| {}), now).unwrap();
+        let inbound =
+            Inbound::classify(&request(&set_payload(), QoS::AtLeastOnce, |_| {}), Delivered::AsPublished, now).unwrap();
         assert!(matches!(&inbound.body, Body::Command(r) if matches!(r.command, Command::Set(_))));
         assert_eq!(inbound.client_id.as_deref(), Some("c1"));
         assert_eq!(inbound.deadline, Some(now + Duration::from_secs(10)));
@@ -212,15 +224,17 @@ mod tests {
     fn unanswerable_requests_are_dropped() {
         let now = Instant::now();
         let qos0 = request(&set_payload(), QoS::AtMostOnce, |_| {});
-        assert_eq!(Inbound::classify(&qos0, now).unwrap_err(), DropReason::QoS0);
+        assert_eq!(Inbound::classify(&qos0, Delivered::AsPublished, now).unwrap_err(), DropReason::QoS0);
+        // Through a follower's QoS 0 subscription the client's QoS is unknown: kept.
+        assert!(matches!(Inbound::classify(&qos0, Delivered::MaybeCapped, now).unwrap().body, Body::Command(_)));
         let missing = request(&set_payload(), QoS::AtLeastOnce, |p| p.response_topic = None);
         assert_eq!(
-            Inbound::classify(&missing, now).unwrap_err(),
+            Inbound::classify(&missing, Delivered::AsPublished, now).unwrap_err(),
             DropReason::ResponseTopic(ResponseTopicProblem::Missing)
         );
         let forbidden = request(&set_payload(), QoS::AtLeastOnce, |p| p.response_topic = Some(REQUEST_TOPIC.into()));
         assert_eq!(
-            Inbound::classify(&forbidden, now).unwrap_err(),
+            Inbound::classify(&forbidden, Delivered::AsPublished, now).unwrap_err(),
             DropReason::ResponseTopic(ResponseTopicProblem::Forbidden)
         );
         assert_eq!(DropReason::ResponseTopic(ResponseTopicProblem::Forbidden).label(), "forbidden_response_topic");
@@ -230,13 +244,19 @@ mod tests {
     fn envelope_problems_become_answers() {
         let now = Instant::now();
         let no_correlation = request(&set_payload(), QoS::AtLeastOnce, |p| p.correlation_data = None);
-        let inbound = Inbound::classify(&no_correlation, now).unwrap();
+        let inbound = Inbound::classify(&no_correlation, Delivered::AsPublished, now).unwrap();
         assert_eq!(inbound.body, Body::Invalid(StoreError::MissingCorrelationData));
         assert_eq!(inbound.identity(), None);
         let no_ts = request(&set_payload(), QoS::AtLeastOnce, |p| p.user_properties.retain(|(k, _)| k != "__ts"));
-        assert_eq!(Inbound::classify(&no_ts, now).unwrap().body, Body::Invalid(StoreError::MissingTimestamp));
+        assert_eq!(
+            Inbound::classify(&no_ts, Delivered::AsPublished, now).unwrap().body,
+            Body::Invalid(StoreError::MissingTimestamp)
+        );
         let garbage = request(b"*1\r\n$3\r\nset\r\n", QoS::AtLeastOnce, |_| {});
-        assert_eq!(Inbound::classify(&garbage, now).unwrap().body, Body::Invalid(StoreError::UnknownCommand));
+        assert_eq!(
+            Inbound::classify(&garbage, Delivered::AsPublished, now).unwrap().body,
+            Body::Invalid(StoreError::UnknownCommand)
+        );
     }
 
     #[test]
@@ -249,23 +269,27 @@ mod tests {
                 p.user_properties.retain(|(k, _)| k != "__protVer");
                 p.user_properties.push(("__protVer".into(), version.into()));
             });
-            let body = Inbound::classify(&publish, now).unwrap().body;
+            let body = Inbound::classify(&publish, Delivered::AsPublished, now).unwrap().body;
             assert_eq!(matches!(body, Body::UnsupportedVersion(_)), !supported, "{version}");
         }
         let absent = request(&set_payload(), QoS::AtLeastOnce, |p| p.user_properties.retain(|(k, _)| k != "__protVer"));
-        assert!(matches!(Inbound::classify(&absent, now).unwrap().body, Body::Command(_)));
+        assert!(matches!(Inbound::classify(&absent, Delivered::AsPublished, now).unwrap().body, Body::Command(_)));
     }
 
     #[test]
     fn the_client_id_falls_back_to_the_response_topic() {
         let publish = request(&set_payload(), QoS::AtLeastOnce, |p| p.user_properties.retain(|(k, _)| k != "__srcId"));
-        assert_eq!(Inbound::classify(&publish, Instant::now()).unwrap().client_id.as_deref(), Some("c1"));
+        assert_eq!(
+            Inbound::classify(&publish, Delivered::AsPublished, Instant::now()).unwrap().client_id.as_deref(),
+            Some("c1")
+        );
     }
 
     #[test]
     fn responses_carry_status_version_correlation_and_remaining_expiry() {
         let now = Instant::now();
-        let inbound = Inbound::classify(&request(&set_payload(), QoS::AtLeastOnce, |_| {}), now).unwrap();
+        let inbound =
+            Inbound::classify(&request(&set_payload(), QoS::AtLeastOnce, |_| {}), Delivered::AsPublished, now).unwrap();
         let version: Hlc = TS.parse().unwrap();
         let later = now + Duration::from_millis(2_500);
         let properties = inbound.response_properties(200, Some(&version), later);

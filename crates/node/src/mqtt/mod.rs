@@ -42,6 +42,7 @@ use crate::leader::NotificationSink;
 use crate::node::{now_ms, proposal_clock, ExecuteError, Node};
 use crate::pipeline::{Outcome, Work};
 pub use connection::{Connection, Delivery, Link, Outbound, RequestSink};
+pub use envelope::Delivered;
 use envelope::{Body, DropReason, Inbound};
 use metrics::FrontEndMetrics;
 use notifier::Notifier;
@@ -54,7 +55,7 @@ const TICK: Duration = Duration::from_millis(20);
 
 /// What the dispatcher handles, in order.
 enum Dispatch {
-    Request(Box<Publish>),
+    Request(Box<Publish>, Delivered),
     /// A request that could not complete where it was; placed again by the current role.
     Retry(Box<Shadowed>),
     /// This node leads and has applied everything committed before: take over the shadow.
@@ -132,9 +133,9 @@ impl FrontEnd {
     async fn dispatcher(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Dispatch>) {
         while let Some(message) = rx.recv().await {
             match message {
-                Dispatch::Request(publish) => {
+                Dispatch::Request(publish, delivered) => {
                     let received = Instant::now();
-                    match Inbound::classify(&publish, received) {
+                    match Inbound::classify(&publish, delivered, received) {
                         Err(reason) => {
                             self.drop_request(reason);
                             self.link.ack(&publish);
@@ -151,6 +152,7 @@ impl FrontEnd {
                 Dispatch::Retry(request) => self.place(*request),
                 Dispatch::Gained => {
                     self.leading.store(true, Ordering::Release);
+                    self.link.follow_role(true);
                     let takeover = self.shadow.lock().unwrap().take_over(Instant::now());
                     self.metrics.shadow_size.set(0);
                     tracing::info!(
@@ -167,7 +169,10 @@ impl FrontEnd {
                         self.lead(request);
                     }
                 }
-                Dispatch::Lost => self.leading.store(false, Ordering::Release),
+                Dispatch::Lost => {
+                    self.leading.store(false, Ordering::Release);
+                    self.link.follow_role(false);
+                }
             }
         }
     }
@@ -410,8 +415,8 @@ impl FrontEnd {
 /// Hands each received request to the dispatcher.
 fn request_sink(dispatch: &mpsc::UnboundedSender<Dispatch>) -> RequestSink {
     let dispatch = dispatch.clone();
-    Box::new(move |publish| {
+    Box::new(move |publish, delivered| {
         // Closed only when the dispatcher is gone, i.e. the node is stopping.
-        let _ = dispatch.send(Dispatch::Request(Box::new(publish)));
+        let _ = dispatch.send(Dispatch::Request(Box::new(publish), delivered));
     })
 }

@@ -263,6 +263,7 @@ fn needed_by_a_new_leader(request: &Shadowed, last_applied: Option<Instant>, now
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mqtt::envelope::Delivered;
     use bytes::Bytes;
     use rumqttc::v5::mqttbytes::v5::PublishProperties;
     use rumqttc::v5::mqttbytes::QoS;
@@ -279,7 +280,7 @@ mod tests {
         };
         let publish = Publish::new(REQUEST_TOPIC, QoS::AtLeastOnce, payload, Some(properties));
         Shadowed {
-            inbound: Inbound::classify(&publish, received).unwrap(),
+            inbound: Inbound::classify(&publish, Delivered::AsPublished, received).unwrap(),
             receipt: crate::mqtt::connection::receipt(&publish),
             received,
             acked: false,
