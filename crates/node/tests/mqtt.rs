@@ -227,6 +227,38 @@ async fn assert_delivered_by_role(tap: &Tap, running: &[u64], tag: &str, leader:
     }
 }
 
+/// A write refused for a `__ts` too far ahead stays refused: a follower that takes over later,
+/// when the skew has passed, must not execute it (the client was told it failed).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_refused_for_clock_skew_is_not_applied_by_the_next_leader() {
+    let (broker, mut cluster) = cluster_with_broker().await;
+    let client = RawClient::connect(broker.port, "skewed-then-failover").await;
+    // 1.5 s past the 60 s bound: refused now, within the bound after the takeover.
+    let ahead = Hlc::new(now_ms() + 61_500, 0, "skewed").to_string();
+    let mut properties = client.properties(&ahead);
+    properties.message_expiry_interval = Some(30);
+    let refused = client.request_with(&set(b"skewed-key", b"v"), properties, Duration::from_secs(10)).await.unwrap();
+    assert!(
+        text(&refused.payload).starts_with("-ERR the request timestamp is too far in the future"),
+        "{}",
+        text(&refused.payload)
+    );
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let leader = cluster.wait_leader().await;
+    cluster.kill(leader);
+    let next = cluster.wait_leader().await;
+    assert_ne!(next, leader);
+    let read = client.request(&get(b"skewed-key"), &timestamp()).await;
+    assert_eq!(read.payload, b"$-1\r\n", "the refused write was applied by the new leader");
+    // Anything the new leader sends again for it is the same refusal.
+    let again = client
+        .wait_for(Duration::from_millis(500), |r| r.properties.correlation_data == refused.properties.correlation_data)
+        .await;
+    if let Some(again) = again {
+        assert_eq!(again.payload, refused.payload);
+    }
+}
+
 async fn cluster_with_broker() -> (Broker, Cluster) {
     let broker = Broker::start();
     let cluster = Cluster::start(3, &["--broker", &broker.address()]).await;

@@ -266,14 +266,12 @@ impl FrontEnd {
                 Err(e) => tracing::error!(error = %e, "cannot read the dedup table"),
             }
         }
-        let now = now_ms();
-        if let Err(error) = command_request.check_clock_skew(now) {
-            self.respond(&request, 200, Reply::error(error), command_request.command.verb());
-            self.ack(&request);
-            return;
-        }
+        // A `__ts` or `__ft` too far ahead is refused by apply, through the log, not here: the
+        // refusal is then in the dedup table, so followers see the request settled and a new
+        // leader answers it again with the same error instead of executing it once the skew
+        // has passed.
         let Some(client_request) = request.inbound.client_request() else { return };
-        let wall_clock_ms = proposal_clock(command_request, now);
+        let wall_clock_ms = proposal_clock(command_request, now_ms());
         let entry = Entry { operation: Operation::Request(client_request), wall_clock_ms };
         self.submit(Work::Write(entry), Box::new(request));
     }
