@@ -14,9 +14,35 @@ use statestore_protocol::{Hlc, Notification};
 use crate::codec::{length_prefix, pair_key, split_pair_key, split_timed_key, timed_key, Reader, Writer};
 use crate::entry::{KeyNotification, OutboxEntry};
 use crate::meta;
-use crate::storage::{StorageError, StorageRead, Table, Txn};
+use crate::storage::{ScanPage, StorageError, StorageRead, Table, Txn};
 
 const PAGE: usize = 256;
+
+/// A cursor over the entries of one table under a prefix, [`PAGE`] at a time; the store may be
+/// written between pages.
+struct Pages {
+    table: Table,
+    prefix: Vec<u8>,
+    after: Option<Vec<u8>>,
+    done: bool,
+}
+
+impl Pages {
+    fn new(table: Table, prefix: &[u8]) -> Pages {
+        Pages { table, prefix: prefix.to_vec(), after: None, done: false }
+    }
+
+    /// The next page; empty once every entry was returned.
+    fn next(&mut self, store: &(impl StorageRead + ?Sized)) -> Result<ScanPage, StorageError> {
+        if self.done {
+            return Ok(ScanPage::new());
+        }
+        let page = store.scan(self.table, &self.prefix, self.after.as_deref(), PAGE)?;
+        self.done = page.len() < PAGE;
+        self.after = page.last().map(|(k, _)| k.clone());
+        Ok(page)
+    }
+}
 
 /// Registers `client_id` for `key`; false if it already was.
 pub(crate) fn register(txn: &mut impl Txn, client_id: &str, key: &[u8]) -> Result<bool, StorageError> {
@@ -47,23 +73,22 @@ pub(crate) fn unregister(txn: &mut impl Txn, client_id: &str, key: &[u8]) -> Res
 /// Removes every registration of `client_id`; returns how many there were.
 pub(crate) fn unregister_client(txn: &mut impl Txn, client_id: &str) -> Result<u64, StorageError> {
     let count = registrations(txn)?;
-    let prefix = length_prefix(client_id.as_bytes());
+    let mut pages = Pages::new(Table::WatchedKeys, &length_prefix(client_id.as_bytes()));
     let mut removed = 0;
-    let mut after: Option<Vec<u8>> = None;
     loop {
-        let page = txn.scan(Table::WatchedKeys, &prefix, after.as_deref(), PAGE)?;
-        for (by_client, _) in &page {
-            let (_, key) = split_pair_key(Table::WatchedKeys, by_client)?;
+        let page = pages.next(txn)?;
+        if page.is_empty() {
+            break;
+        }
+        for (by_client, _) in page {
+            let (_, key) = split_pair_key(Table::WatchedKeys, &by_client)?;
             txn.delete(Table::Watchers, pair_key(key, client_id.as_bytes()));
-            txn.delete(Table::WatchedKeys, by_client.clone());
+            txn.delete(Table::WatchedKeys, by_client);
             removed += 1;
         }
-        if page.len() < PAGE {
-            meta::set_registration_count(txn, count.saturating_sub(removed));
-            return Ok(removed);
-        }
-        after = page.last().map(|(k, _)| k.clone());
     }
+    meta::set_registration_count(txn, count.saturating_sub(removed));
+    Ok(removed)
 }
 
 /// The number of registrations, counted (and recorded) if the store does not have it yet.
@@ -71,15 +96,13 @@ fn registrations(txn: &mut impl Txn) -> Result<u64, StorageError> {
     if let Some(count) = meta::registration_count(txn)? {
         return Ok(count);
     }
-    let mut count = 0;
-    let mut after: Option<Vec<u8>> = None;
+    let (mut pages, mut count) = (Pages::new(Table::Watchers, &[]), 0);
     loop {
-        let page = txn.scan(Table::Watchers, &[], after.as_deref(), PAGE)?;
-        count += page.len() as u64;
-        if page.len() < PAGE {
+        let page = pages.next(txn)?;
+        if page.is_empty() {
             break;
         }
-        after = page.last().map(|(k, _)| k.clone());
+        count += page.len() as u64;
     }
     meta::set_registration_count(txn, count);
     Ok(count)
@@ -92,21 +115,19 @@ pub fn is_registered(store: &(impl StorageRead + ?Sized), client_id: &str, key: 
 
 /// The clients registered for `key`, in byte order of their ids.
 pub fn watchers(store: &(impl StorageRead + ?Sized), key: &[u8]) -> Result<Vec<String>, StorageError> {
-    let prefix = length_prefix(key);
+    let mut pages = Pages::new(Table::Watchers, &length_prefix(key));
     let mut clients = Vec::new();
-    let mut after: Option<Vec<u8>> = None;
     loop {
-        let page = store.scan(Table::Watchers, &prefix, after.as_deref(), PAGE)?;
+        let page = pages.next(store)?;
+        if page.is_empty() {
+            return Ok(clients);
+        }
         for (by_key, _) in &page {
             let (_, client) = split_pair_key(Table::Watchers, by_key)?;
             let client = String::from_utf8(client.to_vec())
                 .map_err(|_| StorageError::Corrupt { table: Table::Watchers, detail: "client id is not UTF-8" })?;
             clients.push(client);
         }
-        if page.len() < PAGE {
-            return Ok(clients);
-        }
-        after = page.last().map(|(k, _)| k.clone());
     }
 }
 
@@ -174,20 +195,18 @@ pub fn pending_notifications(
 
 /// Drops confirmed notifications up to and including `through`; returns how many.
 pub(crate) fn confirm(txn: &mut impl Txn, through: u64) -> Result<u64, StorageError> {
-    let mut removed = 0;
-    let mut after: Option<Vec<u8>> = None;
+    let (mut pages, mut removed) = (Pages::new(Table::Outbox, &[]), 0);
     loop {
-        let page = txn.scan(Table::Outbox, &[], after.as_deref(), PAGE)?;
-        for (seq_key, _) in &page {
-            if split_timed_key(Table::Outbox, seq_key)?.0 > through {
-                return Ok(removed);
-            }
-            txn.delete(Table::Outbox, seq_key.clone());
-            removed += 1;
-        }
-        if page.len() < PAGE {
+        let page = pages.next(txn)?;
+        if page.is_empty() {
             return Ok(removed);
         }
-        after = page.last().map(|(k, _)| k.clone());
+        for (seq_key, _) in page {
+            if split_timed_key(Table::Outbox, &seq_key)?.0 > through {
+                return Ok(removed);
+            }
+            txn.delete(Table::Outbox, seq_key);
+            removed += 1;
+        }
     }
 }
