@@ -10,12 +10,15 @@
 //! - [`leader`]: leader duties beside the pipeline: the leadership watch, the expiry sweeper,
 //!   notification publishing through a [`leader::NotificationSink`], outbox confirmation and
 //!   registration drops.
+//! - `broker_watch`: leadership follows the broker connection: a node without its broker does
+//!   not stand for election, and a leader without it hands leadership over.
 //! - [`http`]: the axum server — Raft RPC, the cluster API, health, readiness, metrics, commands.
 //! - [`metrics`]: the Prometheus registry and Raft gauges.
 //! - [`mqtt`]: the MQTT5 front end — an adapter from the broker to the pipeline: the state
 //!   store protocol, the follower shadow, and the notification sink.
 //! - [`server`]: runs a node until SIGTERM or SIGINT.
 
+mod broker_watch;
 pub mod config;
 pub mod http;
 pub mod leader;

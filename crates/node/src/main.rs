@@ -1,7 +1,8 @@
 //! `statestore`: one node of the replicated state store.
 
 use clap::Parser;
-use statestore_node::{server, Args, NodeConfig};
+use statestore_node::server::{self, EXIT_CONFIG, EXIT_DAMAGED_STORAGE};
+use statestore_node::{Args, NodeConfig};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -10,7 +11,7 @@ async fn main() -> anyhow::Result<()> {
         Ok(config) => config,
         Err(e) => {
             eprintln!("statestore: {e}");
-            std::process::exit(2);
+            std::process::exit(EXIT_CONFIG);
         }
     };
     let filter = EnvFilter::try_new(&config.log).unwrap_or_else(|_| EnvFilter::new("info"));
@@ -20,5 +21,19 @@ async fn main() -> anyhow::Result<()> {
     } else {
         logs.init();
     }
-    server::run(config, server::signal()).await
+    let data_dir = config.data_dir.clone();
+    let result = server::run(config, server::signal()).await;
+    if let Err(e) = &result {
+        if server::is_damaged_storage(e) {
+            tracing::error!(error = format!("{e:#}"), "damaged storage");
+            eprintln!(
+                "statestore: the storage in {} is damaged: {e:#}\n\
+                 The node will not start on it. Move the data directory aside and add the node back as a \
+                 new member (docs/operations.md, \"Damaged storage\").",
+                data_dir.display()
+            );
+            std::process::exit(EXIT_DAMAGED_STORAGE);
+        }
+    }
+    result
 }

@@ -257,6 +257,14 @@ impl Node {
         crate::pipeline::ensure_linearizable(&self.raft).await
     }
 
+    /// Watches the MQTT front end's broker connection (true while connected): `/ready` reports
+    /// it, and leadership follows it (`broker_watch`). Set once; later calls are ignored.
+    pub fn follow_broker(self: &Arc<Self>, connected: tokio::sync::watch::Receiver<bool>) {
+        if self.broker_connected.set(connected.clone()).is_ok() {
+            tokio::spawn(crate::broker_watch::follow_broker(self.clone(), connected));
+        }
+    }
+
     /// Stops Raft: no more votes, appends or applies.
     pub async fn shutdown(&self) {
         if let Err(e) = self.raft.shutdown().await {

@@ -19,7 +19,7 @@
 //! `Unavailable` (its outcome is unknown), and a leadership check that does not finish in time
 //! answers the reads waiting on it the same way.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use openraft::error::{ClientWriteError, RaftError};
@@ -93,6 +93,9 @@ enum Stage {
 pub struct Pipeline {
     submissions: mpsc::UnboundedSender<Submission>,
     notification_hook: Arc<OnceLock<NotificationHook>>,
+    /// While set, every submission is answered `Unavailable` with this reason at once.
+    refusal: Arc<Mutex<Option<String>>>,
+    metrics: Metrics,
 }
 
 impl Pipeline {
@@ -105,7 +108,7 @@ impl Pipeline {
         tokio::spawn(batcher(raft.clone(), metrics.clone(), submitted, stages_tx));
         tokio::spawn(responder(metrics.clone(), notification_hook.clone(), stages_rx, reads_tx));
         tokio::spawn(reader_task(raft, reader, reads_rx));
-        Pipeline { submissions, notification_hook }
+        Pipeline { submissions, notification_hook, refusal: Arc::default(), metrics }
     }
 
     /// Sets what runs before the answers of a batch that produced notifications (the MQTT front
@@ -114,8 +117,20 @@ impl Pipeline {
         let _ = self.notification_hook.set(hook);
     }
 
+    /// Refuses every submission from now on with `Unavailable(why)`, or takes them again (`None`).
+    /// What was submitted before is served as usual.
+    pub fn refuse(&self, why: Option<String>) {
+        *self.refusal.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = why;
+    }
+
     /// Submits `work`; `answer` is called once with its outcome.
     pub fn submit(&self, work: Work, answer: Answer) {
+        let refusal = self.refusal.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        if let Some(why) = refusal {
+            let error = ExecuteError::Unavailable(why);
+            self.metrics.observe_proposal(&Err::<(), _>(error.clone()), Duration::ZERO);
+            return answer(Err(error));
+        }
         let submission = Submission { work, answer, submitted: Instant::now() };
         if let Err(mpsc::error::SendError(submission)) = self.submissions.send(submission) {
             (submission.answer)(Err(ExecuteError::Unavailable("the node is stopping".into())));

@@ -60,10 +60,49 @@ pub async fn start(config: &NodeConfig) -> anyhow::Result<RunningNode> {
     Ok(RunningNode { node, front_end, stop, served })
 }
 
-/// Serves until `stop` completes, then stops gracefully.
+/// Exit code of a wrong setting.
+pub const EXIT_CONFIG: i32 = 2;
+/// Exit code of damaged storage: a checksum or record of the WAL, a table file or a snapshot does
+/// not match. Restarting does not help; docs/operations.md says how to recover.
+pub const EXIT_DAMAGED_STORAGE: i32 = 3;
+
+/// Raft stopped on its own (a storage error or a bug), not because the node was told to stop.
+#[derive(Debug, thiserror::Error)]
+#[error("raft stopped: {0}")]
+pub struct RaftStopped(pub String);
+
+/// Whether `error` says the node's storage is damaged.
+pub fn is_damaged_storage(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause.downcast_ref::<statestore_raft::OpenError>().is_some_and(statestore_raft::OpenError::is_corruption)
+            || cause.downcast_ref::<RaftStopped>().is_some_and(|stopped| stopped.0.contains("Corruption"))
+    })
+}
+
+/// Serves until `stop` completes, then stops gracefully. Returns an error if Raft stops on its own
+/// first (e.g. the storage failed), so that the process exits instead of lingering unable to
+/// serve.
 pub async fn run(config: NodeConfig, stop: impl Future<Output = ()>) -> anyhow::Result<()> {
     let running = start(&config).await?;
-    stop.await;
+    let mut metrics = running.node.raft.metrics();
+    let fatal = async {
+        loop {
+            if let Err(fatal) = &metrics.borrow_and_update().running_state {
+                return fatal.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "raft stopped".to_string();
+            }
+        }
+    };
+    tokio::select! {
+        _ = stop => {}
+        fatal = fatal => {
+            tracing::error!(error = %fatal, "raft stopped on its own; the node stops");
+            let _ = running.stop().await;
+            return Err(RaftStopped(fatal).into());
+        }
+    }
     tracing::info!("stopping");
     running.stop().await
 }

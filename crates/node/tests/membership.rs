@@ -162,3 +162,39 @@ async fn snapshots_are_taken_by_log_bytes_and_on_request() {
     let metrics = cluster.metrics(follower).await;
     assert!(metric(&metrics, "statestore_snapshots_total{kind=\"built\"}").unwrap() >= 2.0, "{metrics}");
 }
+
+/// A learner at an address where nothing runs is never "caught up", and promoting it (which
+/// would make a voter that cannot vote) is refused with the reason; the membership stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_that_never_answered_is_neither_caught_up_nor_promoted() {
+    let cluster = Cluster::start(3, &[]).await;
+    write_keys(&cluster, "before", 20).await;
+    let leader = cluster.wait_leader().await;
+    let nowhere = format!("http://127.0.0.1:{}", common::free_port());
+    let added = cluster
+        .http
+        .post(format!("{}/cluster/learners", cluster.url(leader)))
+        .json(&serde_json::json!({"id": 9, "address": nowhere, "timeout_ms": 2000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 202, "still catching up");
+    let added: serde_json::Value = added.json().await.unwrap();
+    assert_eq!(added["caught_up"], false, "{added}");
+
+    let promoted = cluster
+        .http
+        .post(format!("{}/cluster/members", cluster.url(leader)))
+        .json(&serde_json::json!({"promote": [9]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(promoted.status(), 409);
+    let body: serde_json::Value = promoted.json().await.unwrap();
+    assert_eq!(body["code"], "learner_behind", "{body}");
+    assert!(body["message"].as_str().unwrap().contains(&nowhere), "names the address: {body}");
+    let status = cluster.status(leader).await.unwrap();
+    let voters: Vec<u64> = status["voters"].as_array().unwrap().iter().map(|m| m["id"].as_u64().unwrap()).collect();
+    assert_eq!(voters, vec![1, 2, 3], "the membership is unchanged");
+    write_keys(&cluster, "after", 20).await;
+}

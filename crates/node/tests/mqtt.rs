@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::broker::Broker;
+use common::gate::Gate;
 use common::mqtt::RawClient;
 use common::tap::{Seen, Tap};
 use common::{metric, now_ms, timestamp, Cluster};
@@ -64,6 +65,54 @@ async fn a_node_without_its_broker_is_not_ready() {
     let broker = stopped.await.unwrap();
     assert_eq!(broker.port, port);
     cluster.wait_ready().await;
+}
+
+/// A leader that loses only its broker serves nobody while Raft, healthy, gives nobody a reason
+/// to take over. Each node reaches the broker through its own gate; the leader's is cut. Another
+/// node must take over and answer, and once its broker is back the old leader follows.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_that_loses_its_broker_hands_leadership_to_a_connected_node() {
+    let broker = Broker::start();
+    let mut cluster = Cluster::prepare(3, &[]);
+    let mut gates = std::collections::BTreeMap::new();
+    for id in 1..=3 {
+        let gate = Gate::start(broker.port).await;
+        cluster.nodes.get_mut(&id).unwrap().args = vec!["--broker".into(), format!("127.0.0.1:{}", gate.port)];
+        gates.insert(id, gate);
+        cluster.spawn(id);
+    }
+    let first = cluster.wait_leader().await;
+    cluster.wait_ready().await;
+    let client = RawClient::connect(broker.port, "broker-cut").await;
+    assert_eq!(client.request(&set(b"before-cut", b"1"), &timestamp()).await.payload, b"+OK\r\n");
+
+    gates[&first].cut();
+    let cut = std::time::Instant::now();
+    let mut answered = None;
+    for attempt in 0.. {
+        let key = format!("during-cut-{attempt}");
+        let properties = client.properties(&timestamp());
+        if let Some(reply) = client.request_with(&set(key.as_bytes(), b"1"), properties, Duration::from_secs(1)).await {
+            assert_eq!(reply.payload, b"+OK\r\n");
+            answered = Some(cut.elapsed());
+            break;
+        }
+        if cut.elapsed() > Duration::from_secs(15) {
+            break;
+        }
+    }
+    let answered = answered.unwrap_or_else(|| {
+        panic!("no request was answered within 15 s of the leader losing its broker\n{}", cluster.logs())
+    });
+    let second = cluster.wait_leader().await;
+    assert_ne!(second, first, "a connected node leads");
+    println!("answered again {} ms after the leader lost its broker", answered.as_millis());
+
+    gates[&first].heal();
+    cluster.wait_ready().await;
+    assert_eq!(cluster.wait_leader().await, second, "the old leader follows once its broker is back");
+    let reply = client.request(&get(b"before-cut"), &timestamp()).await;
+    assert_eq!(reply.payload, b"$1\r\n1\r\n", "nothing written before the cut is lost");
 }
 
 /// The broker forgets a request once the node acknowledges it: a node that acknowledged a

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, Direction, Env, IteratorMode, Options, ReadOptions,
-    SnapshotWithThreadMode, WriteBatch, WriteOptions, DB,
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBRecoveryMode, Direction, Env, IteratorMode,
+    Options, ReadOptions, SnapshotWithThreadMode, WriteBatch, WriteOptions, DB,
 };
 use statestore_statemachine::storage::ScanPage;
 use statestore_statemachine::{Batch, StorageError, StorageRead, Table};
@@ -44,6 +44,12 @@ pub fn open(path: &Path, dedup_horizon: &Arc<DedupHorizon>) -> Result<Arc<DB>, r
     options.create_missing_column_families(true);
     // Writes from the log store and the state machine go through one WAL; the log store syncs it.
     options.set_max_total_wal_size(256 << 20);
+    // A damaged WAL stops the open instead of being cut at the damage (RocksDB's default,
+    // point-in-time recovery, drops every record after it, fsynced ones included). Only an
+    // incomplete last record is tolerated: a write torn by a crash was never synced, so never
+    // acknowledged.
+    options.set_wal_recovery_mode(DBRecoveryMode::TolerateCorruptedTailRecords);
+    options.set_paranoid_checks(true);
     // Flushes and compactions sync their files as they go instead of leaving hundreds of MiB of
     // dirty pages behind: on ext4 a WAL fsync waits for such pages, and the leader's Raft core
     // waits for its WAL fsync (openraft 0.9), heartbeats included.

@@ -17,8 +17,15 @@
 //! joint membership, itself included) does the candidate call [`openraft::Raft::trigger`]'s
 //! `elect`. A voter that cannot reach a quorum never raises its term, so when it comes back it
 //! simply follows.
+//!
+//! A node may also be told it must not lead ([`Elector::may_lead`]), e.g. while it cannot reach
+//! the broker its clients talk through: it then never stands, and while it still leads it grants
+//! pre-votes to candidates whose log is as up to date as its own, so that a node that can serve
+//! takes over (the node stops its heartbeats for that).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -65,6 +72,8 @@ pub struct Elector {
     spread: Duration,
     /// How often the elector looks; also the deadline of one pre-vote request.
     tick: Duration,
+    /// False while this node must not lead: it does not stand, and leading it lets others stand.
+    may_lead: Arc<AtomicBool>,
     metrics: ElectionMetrics,
 }
 
@@ -119,6 +128,7 @@ impl Elector {
             min_timeout: min,
             spread: max.saturating_sub(min),
             tick,
+            may_lead: Arc::new(AtomicBool::new(true)),
             metrics: ElectionMetrics::register(registry)?,
         })
     }
@@ -151,6 +161,26 @@ impl Elector {
         standing.filter(|standing| !standing.leading).and_then(|standing| standing.since_leader)
     }
 
+    /// Allows or forbids this node to lead. While forbidden it never stands for election and,
+    /// if it leads, grants pre-votes as a follower that has not heard from a leader would.
+    pub fn may_lead(&self, allowed: bool) {
+        let was = self.may_lead.swap(allowed, Ordering::SeqCst);
+        if was != allowed {
+            tracing::info!(allowed, "this node may lead: {allowed}");
+        }
+    }
+
+    fn allowed_to_lead(&self) -> bool {
+        self.may_lead.load(Ordering::SeqCst)
+    }
+
+    /// The other voters and the base URL this node reaches each at.
+    pub fn other_voters(&self) -> Vec<(NodeId, String)> {
+        let (configs, nodes) = self.voters();
+        let ids: BTreeSet<NodeId> = configs.into_iter().flatten().filter(|id| *id != self.id).collect();
+        ids.into_iter().filter_map(|id| nodes.get(&id).map(|node| (id, self.network.address(id, node)))).collect()
+    }
+
     /// The lease: how long after a leader's last word a voter keeps refusing other candidates.
     pub fn lease(&self) -> Duration {
         self.lease
@@ -163,7 +193,7 @@ impl Elector {
             Ok(None) => return PreVoteResponse::Refused("Raft has stopped on this node".into()),
             Err(_) => return PreVoteResponse::Refused(format!("node {} is too busy to answer", self.id)),
         };
-        if standing.leading {
+        if standing.leading && self.allowed_to_lead() {
             return PreVoteResponse::Refused(format!("node {} leads", self.id));
         }
         if let Some(since) = standing.since_leader.filter(|since| *since <= self.lease) {
@@ -201,7 +231,7 @@ impl Elector {
                 continue;
             }
             let Some(standing) = self.standing().await else { return };
-            if standing.leading || standing.since_leader.is_some_and(|since| since < quiet) {
+            if standing.leading || standing.since_leader.is_some_and(|since| since < quiet) || !self.allowed_to_lead() {
                 continue;
             }
             let (configs, nodes) = self.voters();
@@ -219,7 +249,10 @@ impl Elector {
             // A voter that said yes may have stood and won meanwhile, or asked this node for its
             // vote: standing now would unseat it.
             let Some(now) = self.standing().await else { return };
-            if now.leading || now.vote != standing.vote || now.since_leader.is_some_and(|since| since < asked.elapsed())
+            if now.leading
+                || now.vote != standing.vote
+                || now.since_leader.is_some_and(|since| since < asked.elapsed())
+                || !self.allowed_to_lead()
             {
                 tracing::info!(vote = %now.vote, "won a pre-vote, but another node stood or led since; not standing");
                 continue;

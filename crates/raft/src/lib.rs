@@ -58,6 +58,18 @@ pub enum OpenError {
     Snapshot { path: String, detail: String },
 }
 
+impl OpenError {
+    /// Whether the storage is damaged (a checksum or a record that does not match), as opposed
+    /// to unreadable (permissions, a missing disk, another process holding the lock).
+    pub fn is_corruption(&self) -> bool {
+        match self {
+            OpenError::Db { source, .. } => source.kind() == rocksdb::ErrorKind::Corruption,
+            OpenError::Snapshot { detail, .. } | OpenError::State { detail, .. } => detail.contains("checksum"),
+            OpenError::Io { .. } => false,
+        }
+    }
+}
+
 /// Log bytes appended since this node started, and their count when the latest snapshot here
 /// was built or installed: a node whose log grows by bytes faster than by entries (large
 /// values) snapshots, and so purges, by bytes too.

@@ -66,7 +66,7 @@ impl NetworkFactory {
 
 impl NetworkFactory {
     /// Where this node reaches `target`: its route, or the address it advertises.
-    fn address(&self, target: NodeId, node: &Node) -> String {
+    pub fn address(&self, target: NodeId, node: &Node) -> String {
         self.routes.get(&target).unwrap_or(&node.addr).trim_end_matches('/').to_string()
     }
 

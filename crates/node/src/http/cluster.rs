@@ -23,6 +23,8 @@ use crate::node::{forward, ExecuteError, Node};
 const DEFAULT_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a membership change may take to commit.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a learner being promoted may take to reach the leader's committed index.
+const PROMOTE_CATCH_UP: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq, Clone)]
 pub struct Member {
@@ -159,14 +161,16 @@ pub async fn add_learner(State(node): State<Arc<Node>>, body: Bytes) -> Result<R
         }
     }
     let timeout = request.timeout_ms.map_or(DEFAULT_CATCH_UP_TIMEOUT, Duration::from_millis);
-    let added = node.raft.add_learner(request.id, BasicNode { addr: address.clone() }, true);
-    let caught_up = match tokio::time::timeout(timeout, added).await {
-        Ok(result) => {
-            result.map_err(membership_error)?;
-            true
-        }
-        Err(_) => false,
-    };
+    let started = tokio::time::Instant::now();
+    let added = node.raft.add_learner(request.id, BasicNode { addr: address.clone() }, false);
+    tokio::time::timeout(CHANGE_TIMEOUT, added)
+        .await
+        .map_err(|_| timed_out("adding the learner"))?
+        .map_err(membership_error)?;
+    // Caught up means holding the leader's log up to its end now, membership entry included,
+    // as the leader's replication to it reports: nothing is assumed of a node that never answered.
+    let end = node.raft.metrics().borrow().last_log_index.unwrap_or(0);
+    let caught_up = wait_matched(&node, request.id, end, timeout.saturating_sub(started.elapsed())).await;
     let status = if caught_up { StatusCode::OK } else { StatusCode::ACCEPTED };
     Ok((status, Json(LearnerAdded { id: request.id, address, caught_up })).into_response())
 }
@@ -211,6 +215,26 @@ pub async fn change_members(State(node): State<Arc<Node>>, body: Bytes) -> Resul
     }
     let new_voters: BTreeSet<NodeId> =
         voters.union(&request.promote).filter(|id| !request.remove.contains(id)).copied().collect();
+    // A voter that cannot vote (down, unreachable, far behind) weakens the quorum the moment it
+    // is promoted: every promoted learner must first hold everything committed now.
+    let committed = node.reader.committed_index();
+    for id in request.promote.iter().filter(|id| learners.contains(id)) {
+        if !wait_matched(&node, *id, committed, PROMOTE_CATCH_UP).await {
+            let matched = node.raft.metrics().borrow().replication.as_ref().and_then(|r| r.get(id).copied().flatten());
+            let address = membership.get_node(id).map(|n| n.addr.clone()).unwrap_or_default();
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "learner_behind",
+                format!(
+                    "node {id} has not caught up: it holds the log up to {} of the committed {committed} \
+                     after {} s; is it running and reachable at {address}? Promote it once \
+                     `cluster add-learner` reports it caught up",
+                    matched.map_or("nothing".to_string(), |log_id| log_id.index.to_string()),
+                    PROMOTE_CATCH_UP.as_secs()
+                ),
+            ));
+        }
+    }
     if new_voters.is_empty() {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "last_voter", "the cluster cannot remove its last voter"));
     }
@@ -230,6 +254,27 @@ pub async fn change_members(State(node): State<Arc<Node>>, body: Bytes) -> Resul
             .map_err(membership_error)?;
     }
     Ok(Json(cluster_status(&node)))
+}
+
+/// Waits up to `deadline` until this leader's replication to `id` has reached `index`; false if
+/// it has not, or this node stopped leading.
+async fn wait_matched(node: &Node, id: NodeId, index: u64, deadline: Duration) -> bool {
+    let mut metrics = node.raft.metrics();
+    let reached = async {
+        loop {
+            let matched = {
+                let current = metrics.borrow_and_update();
+                current.replication.as_ref().and_then(|r| r.get(&id).copied().flatten()).map(|log_id| log_id.index)
+            };
+            if matched.is_some_and(|matched| matched >= index) {
+                return true;
+            }
+            if metrics.changed().await.is_err() {
+                return false;
+            }
+        }
+    };
+    tokio::time::timeout(deadline, reached).await.unwrap_or(false)
 }
 
 /// `GET /health`: the process is alive and Raft is running.

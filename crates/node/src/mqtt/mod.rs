@@ -80,7 +80,7 @@ impl FrontEnd {
         let metrics = FrontEndMetrics::register(&node.metrics.registry)?;
         let (dispatch_tx, dispatch_rx) = mpsc::unbounded_channel();
         let connection = connection::start(config, request_sink(&dispatch_tx), metrics.clone())?;
-        let _ = node.broker_connected.set(connection.connected.clone());
+        node.follow_broker(connection.connected.clone());
         let sessions = connection.sessions.clone();
         FrontEnd::launch(node, Arc::new(connection), sessions, metrics, dispatch_tx, dispatch_rx)
     }

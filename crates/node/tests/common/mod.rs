@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod broker;
+pub mod gate;
 pub mod mqtt;
 pub mod sdk;
 pub mod tap;
@@ -41,6 +42,8 @@ pub struct NodeProcess {
     pub log: PathBuf,
     pub child: Option<Child>,
     pub initial_members: Option<String>,
+    /// Flags of this node only, after the cluster's.
+    pub args: Vec<String>,
 }
 
 impl NodeProcess {
@@ -103,7 +106,7 @@ impl Cluster {
     fn add_process(&mut self, id: u64, port: u16, initial_members: Option<String>) {
         let data_dir = self.dir.path().join(format!("node-{id}"));
         let log = self.dir.path().join(format!("node-{id}.log"));
-        self.nodes.insert(id, NodeProcess { id, port, data_dir, log, child: None, initial_members });
+        self.nodes.insert(id, NodeProcess { id, port, data_dir, log, child: None, initial_members, args: Vec::new() });
     }
 
     /// Adds a node that is not an initial member (to join as a learner) and starts it.
@@ -129,6 +132,7 @@ impl Cluster {
             .arg("--log")
             .arg("info,openraft=warn")
             .args(&extra_args)
+            .args(&node.args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .stdin(Stdio::null())
@@ -159,6 +163,23 @@ impl Cluster {
                 return status;
             }
             assert!(Instant::now() < deadline, "node {id} did not stop after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits up to `deadline` for node `id` to exit on its own; its exit status, or `None` if it
+    /// still runs.
+    pub fn wait_exit(&mut self, id: u64, deadline: Duration) -> Option<ExitStatus> {
+        let until = Instant::now() + deadline;
+        let node = self.nodes.get_mut(&id).unwrap();
+        loop {
+            if let Some(status) = node.child.as_mut().expect("running").try_wait().unwrap() {
+                node.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= until {
+                return None;
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -1,0 +1,131 @@
+//! Leadership follows the broker connection.
+//!
+//! Every request and every answer goes through the broker, so a leader that has lost its broker
+//! serves nobody while Raft, healthy, gives nobody a reason to take over. So:
+//!
+//! - A node that is not connected never stands for election ([`statestore_raft::Elector::may_lead`]).
+//! - A leader that has been without its broker for longer than the lease (the election
+//!   timeout's upper bound) asks the other voters whether they are ready (`GET /ready`: connected
+//!   to the broker, caught up, hearing the leader). If one is, it hands leadership over: it stops
+//!   its heartbeats and refuses new work, so the followers stop hearing from it, and the first
+//!   connected one whose pre-vote succeeds stands and wins (the leader grants that pre-vote too).
+//! - If no other voter is ready (the broker is gone for everyone), it keeps leading and asks
+//!   again a lease later. If nobody took over within [`HANDOVER_WINDOW`] leases, it resumes its
+//!   heartbeats and tries again later.
+//! - It takes leadership back only through an ordinary election, once connected again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::ServerState;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::node::Node;
+
+/// How often a node without its broker looks at its role.
+const LOOK_EVERY: Duration = Duration::from_millis(50);
+/// How many leases a handover may take before the leader resumes its heartbeats: the followers'
+/// quiet period (one lease and an election timeout), a pre-vote and a vote fit in three.
+const HANDOVER_WINDOW: u32 = 5;
+
+/// Where the leader is in handing over.
+enum Handover {
+    /// Connected, or not yet lost for a lease, or not leading.
+    None,
+    /// Leading without a broker and no other voter ready: ask again at this instant.
+    AskAgainAt(Instant),
+    /// Heartbeats stopped and new work refused since this instant.
+    Since(Instant),
+}
+
+/// Follows `connected` (true while the broker connection is up) until it closes.
+pub(crate) async fn follow_broker(node: Arc<Node>, mut connected: watch::Receiver<bool>) {
+    let lease = node.elector.lease();
+    let client = match reqwest::Client::builder().timeout(lease).build() {
+        Ok(client) => client,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the HTTP client that asks peers whether they are ready");
+            return;
+        }
+    };
+    loop {
+        if *connected.borrow_and_update() {
+            node.elector.may_lead(true);
+            if connected.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        node.elector.may_lead(false);
+        let lost = Instant::now();
+        let mut handover = Handover::None;
+        let mut look = tokio::time::interval(LOOK_EVERY);
+        loop {
+            tokio::select! {
+                changed = connected.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    if *connected.borrow() {
+                        break;
+                    }
+                }
+                _ = look.tick() => {}
+            }
+            let leads = node.raft.metrics().borrow().state == ServerState::Leader;
+            handover = match handover {
+                Handover::Since(_) if !leads => {
+                    tracing::info!("another node leads now; following it until the broker is back");
+                    resume(&node);
+                    Handover::None
+                }
+                Handover::Since(since) if since.elapsed() >= lease * HANDOVER_WINDOW => {
+                    tracing::warn!("no other node took over; leading on and asking again later");
+                    resume(&node);
+                    Handover::AskAgainAt(Instant::now() + lease * HANDOVER_WINDOW)
+                }
+                Handover::Since(since) => Handover::Since(since),
+                _ if !leads => Handover::None,
+                Handover::AskAgainAt(at) if Instant::now() < at => Handover::AskAgainAt(at),
+                Handover::None if lost.elapsed() < lease => Handover::None,
+                Handover::None | Handover::AskAgainAt(_) => match ready_voter(&node, &client).await {
+                    Some(peer) => {
+                        tracing::warn!(
+                            lost_ms = lost.elapsed().as_millis() as u64,
+                            peer,
+                            "no broker connection for longer than the lease: handing leadership to a connected node"
+                        );
+                        node.raft.runtime_config().heartbeat(false);
+                        node.pipeline.refuse(Some(format!(
+                            "node {} has lost its broker connection and hands leadership over; try again shortly",
+                            node.id
+                        )));
+                        Handover::Since(Instant::now())
+                    }
+                    None => Handover::AskAgainAt(Instant::now() + lease),
+                },
+            };
+        }
+        if let Handover::Since(_) = handover {
+            tracing::info!("the broker is back before another node took over: leading on");
+            resume(&node);
+        }
+    }
+}
+
+/// Heartbeats on, submissions taken again.
+fn resume(node: &Node) {
+    node.raft.runtime_config().heartbeat(true);
+    node.pipeline.refuse(None);
+}
+
+/// The first other voter whose `/ready` answers 200: connected to its broker, caught up and
+/// hearing this leader.
+async fn ready_voter(node: &Node, client: &reqwest::Client) -> Option<u64> {
+    let asks = node.elector.other_voters().into_iter().map(|(id, url)| async move {
+        let ready = client.get(format!("{url}/ready")).send().await.is_ok_and(|r| r.status().is_success());
+        ready.then_some(id)
+    });
+    futures::future::join_all(asks).await.into_iter().flatten().next()
+}
