@@ -83,6 +83,7 @@ async fn start_cluster(dir: &std::path::Path, mqtt_port: u16) -> Vec<RunningNode
             data_dir: dir.join(format!("node-{id}")),
             initial_members: parse_members(&members).unwrap(),
             peer_routes: Default::default(),
+            cluster_secret: None,
             heartbeat: Duration::from_millis(50),
             election_min: Duration::from_millis(150),
             election_max: Duration::from_millis(300),

@@ -22,6 +22,7 @@ fn config(id: u64, port: u16, members: &str, dir: &std::path::Path) -> NodeConfi
         data_dir: dir.join(format!("node-{id}")),
         initial_members: parse_members(members).unwrap(),
         peer_routes: Default::default(),
+        cluster_secret: None,
         heartbeat: Duration::from_millis(50),
         election_min: Duration::from_millis(150),
         election_max: Duration::from_millis(300),

@@ -7,7 +7,10 @@
 //! # Layout
 //! - [`Client`]: connect, [`Client::request`], key notifications, disconnect.
 //! - [`tls`]: rustls configuration for the broker connection (shared with the node).
+//! - [`secret`]: the cluster secret that authenticates Raft RPC, membership changes and
+//!   `/v1/command` (shared with the node).
 
+pub mod secret;
 pub mod tls;
 
 use std::collections::HashMap;

@@ -37,6 +37,11 @@ pub struct Args {
     /// NAT: `2=http://10.1.0.2:7400,3=...`. Peers not listed are reached at their advertised URL.
     #[arg(long, env = "STATESTORE_PEER_ROUTES")]
     pub peer_routes: Option<String>,
+    /// A file holding the cluster secret that Raft RPC, membership changes and `/v1/command`
+    /// must carry (`Authorization: Bearer <secret>`); or give the secret itself in
+    /// STATESTORE_CLUSTER_SECRET. Never on the command line. Default: none, every route open.
+    #[arg(long, env = "STATESTORE_CLUSTER_SECRET_FILE")]
+    pub cluster_secret_file: Option<PathBuf>,
     /// Leader heartbeat interval in milliseconds. Default 50.
     #[arg(long, env = "STATESTORE_HEARTBEAT_MS")]
     pub heartbeat_ms: Option<u64>,
@@ -123,6 +128,7 @@ struct FileConfig {
     data_dir: Option<PathBuf>,
     initial_members: Option<String>,
     peer_routes: Option<String>,
+    cluster_secret_file: Option<PathBuf>,
     heartbeat_ms: Option<u64>,
     election_min_ms: Option<u64>,
     election_max_ms: Option<u64>,
@@ -157,6 +163,8 @@ pub struct NodeConfig {
     pub initial_members: BTreeMap<NodeId, String>,
     /// Where to reach peers whose advertised URL this node cannot use.
     pub peer_routes: BTreeMap<NodeId, String>,
+    /// What Raft RPC, membership changes and `/v1/command` must carry; `None`: nothing.
+    pub cluster_secret: Option<ClusterSecret>,
     pub heartbeat: Duration,
     pub election_min: Duration,
     pub election_max: Duration,
@@ -190,6 +198,8 @@ pub struct BrokerConfig {
     pub follower_qos: u8,
 }
 
+pub use statestore_client::secret::ClusterSecret;
+
 /// TLS to the broker: the CA to trust (system roots when `None`) and an optional client identity.
 pub use statestore_client::tls::TlsConfig;
 
@@ -214,6 +224,8 @@ pub enum ConfigError {
     Timings(String),
     #[error("broker: {0}")]
     Broker(String),
+    #[error("cluster secret: {0}")]
+    Secret(String),
 }
 
 /// The default of `--snapshot-log-bytes`.
@@ -253,6 +265,10 @@ impl NodeConfig {
                 )));
             }
         }
+        let cluster_secret = match args.cluster_secret_file.or(file.cluster_secret_file) {
+            Some(path) => Some(ClusterSecret::from_file(&path).map_err(ConfigError::Secret)?),
+            None => secret_from_env()?,
+        };
         let config = NodeConfig {
             id,
             listen,
@@ -260,6 +276,7 @@ impl NodeConfig {
             data_dir: args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from(format!("data/node-{id}"))),
             initial_members,
             peer_routes,
+            cluster_secret,
             heartbeat: Duration::from_millis(args.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(50)),
             election_min: Duration::from_millis(args.election_min_ms.or(file.election_min_ms).unwrap_or(150)),
             election_max: Duration::from_millis(args.election_max_ms.or(file.election_max_ms).unwrap_or(300)),
@@ -300,6 +317,17 @@ impl NodeConfig {
             return timings("--snapshot-log-bytes must be positive");
         }
         Ok(())
+    }
+}
+
+/// The secret in `STATESTORE_CLUSTER_SECRET`, if set and not empty.
+fn secret_from_env() -> Result<Option<ClusterSecret>, ConfigError> {
+    use statestore_client::secret::SECRET_ENV;
+    match std::env::var(SECRET_ENV).ok().filter(|text| !text.is_empty()) {
+        Some(text) => {
+            ClusterSecret::new(&text).map(Some).map_err(|e| ConfigError::Secret(format!("{SECRET_ENV}: {e}")))
+        }
+        None => Ok(None),
     }
 }
 

@@ -90,6 +90,8 @@ pub struct Node {
     /// One permit per `/v1/command` request being served (`--max-http-commands`).
     pub http_commands: Arc<tokio::sync::Semaphore>,
     pub max_http_commands: usize,
+    /// What Raft RPC, membership changes and `/v1/command` must carry, if anything.
+    pub cluster_secret: Option<crate::config::ClusterSecret>,
 }
 
 impl Node {
@@ -114,7 +116,15 @@ impl Node {
             ..Default::default()
         };
         let raft_config = Arc::new(raft_config.validate()?);
-        let network = NetworkFactory::new(config.heartbeat, config.peer_routes.clone())?;
+        let authorization = config.cluster_secret.as_ref().map(|secret| secret.authorization());
+        let network = NetworkFactory::new(config.heartbeat, config.peer_routes.clone(), authorization.as_deref())
+            .map_err(|e| anyhow::anyhow!("the Raft network: {e}"))?;
+        if config.cluster_secret.is_none() {
+            tracing::warn!(
+                "no cluster secret: Raft RPC, membership changes and /v1/command accept anyone who reaches {}",
+                config.listen
+            );
+        }
         let log = storage.log.reader();
         let raft = Raft::new(config.id, raft_config, network.clone(), storage.log, storage.state).await?;
         let elector = Elector::new(
@@ -141,6 +151,7 @@ impl Node {
             snapshot_wanted: Arc::new(AtomicU64::new(0)),
             http_commands: Arc::new(tokio::sync::Semaphore::new(config.max_http_commands)),
             max_http_commands: config.max_http_commands,
+            cluster_secret: config.cluster_secret.clone(),
         });
         node.metrics.watch(node.clone());
         tokio::spawn(snapshot_policy(

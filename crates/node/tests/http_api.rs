@@ -219,3 +219,100 @@ async fn commands_beyond_the_limit_are_refused_at_once_naming_the_limit() {
     assert_eq!(held.expect("the held write commits once the followers resume").response, Response::Ok);
     assert_eq!(cluster.set(leader, "after", "1").await.expect("the slot is free again").response, Response::Ok);
 }
+
+/// Without a secret, anyone who reaches a node's port could append to its log, change the
+/// membership or write keys past the broker's access rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_secret_guards_raft_rpc_membership_and_commands() {
+    const SECRET: &str = "s3cret-shared-by-the-three-nodes";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cluster-secret");
+    std::fs::write(&file, format!("{SECRET}\n")).unwrap();
+    let mut cluster = Cluster::prepare(3, &["--cluster-secret-file", file.to_str().unwrap()]);
+    for id in 1..=3 {
+        cluster.spawn(id);
+    }
+    // Elections and replication carry the secret.
+    let leader = cluster.wait_leader().await;
+    cluster.wait_ready().await;
+
+    let anyone = reqwest::Client::new();
+    let url = cluster.url(leader);
+    for path in ["/cluster", "/health", "/ready", "/metrics"] {
+        let status = anyone.get(format!("{url}{path}")).send().await.unwrap().status();
+        assert_eq!(status, 200, "{path} stays open");
+    }
+    let set = statestore_protocol::Set::new("guarded", "x").encode();
+    let refusals = [
+        ("/v1/command", set.clone()),
+        ("/raft/append", b"not bincode".to_vec()),
+        ("/raft/vote", Vec::new()),
+        ("/raft/prevote", Vec::new()),
+        ("/raft/snapshot", Vec::new()),
+        ("/cluster/members", br#"{"remove":[2]}"#.to_vec()),
+        ("/cluster/learners", br#"{"id":9,"address":"http://127.0.0.1:9"}"#.to_vec()),
+        ("/cluster/snapshot", Vec::new()),
+    ];
+    for (path, body) in refusals {
+        for authorization in [None, Some("Bearer not-the-secret-at-all"), Some(SECRET)] {
+            let mut request = anyone.post(format!("{url}{path}")).body(body.clone());
+            if let Some(value) = authorization {
+                request = request.header("authorization", value);
+            }
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 401, "{path} with {authorization:?}");
+            let body: Value = response.json().await.unwrap();
+            assert_eq!(body["code"], "unauthorized", "{path}: {body}");
+            assert!(body["message"].as_str().unwrap().contains("Authorization: Bearer"), "{body}");
+        }
+    }
+    let status = cluster.status(leader).await.unwrap();
+    assert_eq!(status["voters"].as_array().unwrap().len(), 3, "the membership is unchanged");
+    assert!(status["learners"].as_array().unwrap().is_empty());
+
+    cluster.authorize(SECRET);
+    assert_eq!(cluster.set(leader, "guarded", "x").await.unwrap().response, Response::Ok);
+    assert_eq!(cluster.get(leader, "guarded").await.unwrap().response, Response::Value(b"x".to_vec()));
+    let (status, body) = post(&cluster, leader, "/cluster/snapshot", "").await;
+    assert_eq!(status, 202, "{body}");
+    assert!(!cluster.logs().contains(SECRET), "the secret is never logged");
+
+    // The CLI takes the secret from the environment.
+    let cli = std::path::PathBuf::from(env!("CARGO_BIN_EXE_statestore")).with_file_name("statestore-cli");
+    let remove_unknown = |secret: Option<&str>| {
+        let mut command = Command::new(&cli);
+        command.args(["--endpoint", &url, "cluster", "remove", "42"]).env_clear();
+        if let Some(secret) = secret {
+            command.env("STATESTORE_CLUSTER_SECRET", secret);
+        }
+        let output = command.output().unwrap();
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+    };
+    let refused = remove_unknown(None);
+    assert!(refused.contains("needs the cluster secret"), "{refused}");
+    let answered = remove_unknown(Some(SECRET));
+    assert!(answered.contains("node 42 is not a member"), "{answered}");
+}
+
+#[test]
+fn a_cluster_secret_that_is_too_short_is_refused_naming_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cluster-secret");
+    std::fs::write(&file, "short\n").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_statestore"))
+        .args(["--id", "1", "--cluster-secret-file", file.to_str().unwrap()])
+        .env_clear()
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cluster secret") && stderr.contains("16 to 1024 bytes"), "{stderr}");
+    let output = Command::new(env!("CARGO_BIN_EXE_statestore"))
+        .args(["--id", "1"])
+        .env_clear()
+        .env("STATESTORE_CLUSTER_SECRET", "has spaces in it, which headers mangle")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("STATESTORE_CLUSTER_SECRET"));
+}

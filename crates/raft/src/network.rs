@@ -53,13 +53,27 @@ impl NetworkFactory {
     /// `retry_after` is how long to wait before trying an unreachable peer again. Keep it near the
     /// heartbeat interval: a node that has just started hears the leader before its election
     /// timeout passes, instead of starting an election that unseats a healthy leader.
-    /// `routes` overrides the advertised URL of some peers.
-    pub fn new(retry_after: Duration, routes: BTreeMap<NodeId, String>) -> reqwest::Result<NetworkFactory> {
+    /// `routes` overrides the advertised URL of some peers. `authorization`, when given, is sent
+    /// as the `Authorization` header of every request (the cluster secret).
+    pub fn new(
+        retry_after: Duration,
+        routes: BTreeMap<NodeId, String>,
+        authorization: Option<&str>,
+    ) -> Result<NetworkFactory, String> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(authorization) = authorization {
+            let mut value = reqwest::header::HeaderValue::from_str(authorization)
+                .map_err(|_| "the authorization is not a valid header value".to_string())?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let client = reqwest::Client::builder()
+            .default_headers(headers)
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_millis(500))
             .pool_idle_timeout(Duration::from_secs(30))
-            .build()?;
+            .build()
+            .map_err(|e| format!("building the HTTP client: {e}"))?;
         Ok(NetworkFactory { client, retry_after, routes })
     }
 }

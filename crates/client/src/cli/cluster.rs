@@ -127,7 +127,25 @@ pub async fn run(out: &Output, endpoints: &[String], timeout: Duration, command:
         ClusterCommand::AddLearner { catch_up, .. } => timeout.max(Duration::from_secs(catch_up + 5)),
         _ => timeout,
     };
-    let client = match reqwest::Client::builder().timeout(wait).connect_timeout(Duration::from_secs(3)).build() {
+    // Membership changes need the cluster secret when the cluster has one.
+    let mut headers = reqwest::header::HeaderMap::new();
+    match statestore_client::secret::ClusterSecret::from_env() {
+        Ok(Some(secret)) => match reqwest::header::HeaderValue::from_str(&secret.authorization()) {
+            Ok(mut value) => {
+                value.set_sensitive(true);
+                headers.insert(reqwest::header::AUTHORIZATION, value);
+            }
+            Err(e) => return out.error(&format!("the cluster secret: {e}")),
+        },
+        Ok(None) => {}
+        Err(e) => return out.usage(&e),
+    }
+    let client = match reqwest::Client::builder()
+        .default_headers(headers)
+        .timeout(wait)
+        .connect_timeout(Duration::from_secs(3))
+        .build()
+    {
         Ok(client) => client,
         Err(e) => return out.error(&format!("HTTP client: {e}")),
     };

@@ -43,7 +43,9 @@ pub enum Outcome {
 pub struct Args {
     #[command(flatten)]
     pub broker: BrokerArgs,
-    /// Node HTTP endpoints for `cluster` commands, comma-separated; tried in order.
+    /// Node HTTP endpoints for `cluster` commands, comma-separated; tried in order. A cluster
+    /// with a secret needs it for membership changes: set STATESTORE_CLUSTER_SECRET, or
+    /// STATESTORE_CLUSTER_SECRET_FILE to a file holding it.
     #[arg(
         long,
         global = true,

@@ -7,6 +7,10 @@
 //! | `GET /cluster`, `POST /cluster/learners`, `POST /cluster/members` | membership, JSON ([`cluster`]) |
 //! | `GET /health`, `GET /ready`, `GET /metrics` | liveness, readiness, Prometheus ([`cluster`]) |
 //! | `POST /v1/command` | execute one RESP3 request ([`command`]) |
+//!
+//! With a cluster secret configured, Raft RPC, the `POST /cluster/...` routes and `/v1/command`
+//! answer 401 unless the request carries `Authorization: Bearer <secret>`; `GET /cluster`,
+//! `/health`, `/ready` and `/metrics` stay open.
 
 pub mod cluster;
 pub mod command;
@@ -14,8 +18,9 @@ pub mod raft_rpc;
 
 use std::sync::Arc;
 
-use axum::extract::DefaultBodyLimit;
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -29,6 +34,7 @@ const RAFT_BODY_LIMIT: usize = 128 << 20;
 const COMMAND_BODY_LIMIT: usize = 16 << 20;
 
 pub fn router(node: Arc<Node>) -> Router {
+    let authenticated = middleware::from_fn_with_state(node.clone(), require_secret);
     let raft = Router::new()
         .route(statestore_raft::network::APPEND_PATH, post(raft_rpc::append))
         .route(statestore_raft::network::VOTE_PATH, post(raft_rpc::vote))
@@ -37,18 +43,37 @@ pub fn router(node: Arc<Node>) -> Router {
         .layer(DefaultBodyLimit::max(RAFT_BODY_LIMIT));
     let command =
         Router::new().route("/v1/command", post(command::execute)).layer(DefaultBodyLimit::max(COMMAND_BODY_LIMIT));
-    Router::new()
-        .route("/cluster", get(cluster::status))
+    let membership = Router::new()
         .route("/cluster/learners", post(cluster::add_learner))
         .route("/cluster/members", post(cluster::change_members))
-        .route("/cluster/snapshot", post(cluster::snapshot))
+        .route("/cluster/snapshot", post(cluster::snapshot));
+    let guarded = raft.merge(command).merge(membership).route_layer(authenticated);
+    Router::new()
+        .route("/cluster", get(cluster::status))
         .route("/health", get(cluster::health))
         .route("/ready", get(cluster::ready))
         .route("/metrics", get(cluster::metrics))
-        .merge(raft)
-        .merge(command)
+        .merge(guarded)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .with_state(node)
+}
+
+/// Lets a request through only if it carries the cluster secret, when one is configured. Runs
+/// before the body is read.
+async fn require_secret(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
+    if let Some(secret) = &node.cluster_secret {
+        let given = request.headers().get(header::AUTHORIZATION).map(|value| value.as_bytes());
+        if !given.is_some_and(|given| secret.authorizes(given)) {
+            let message = if given.is_some() { "wrong cluster secret" } else { "this route needs the cluster secret" };
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                format!("{message}: send `Authorization: Bearer <secret>`"),
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
 }
 
 /// A JSON error answer: `{"code": "...", "message": "...", "leader_id": ..., "leader_address": ...}`.

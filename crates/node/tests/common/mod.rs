@@ -103,6 +103,14 @@ impl Cluster {
         cluster
     }
 
+    /// Sends `Authorization: Bearer <secret>` with every request of [`Cluster::http`] from now on.
+    pub fn authorize(&mut self, secret: &str) {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {secret}").parse().unwrap());
+        self.http =
+            reqwest::Client::builder().timeout(Duration::from_secs(10)).default_headers(headers).build().unwrap();
+    }
+
     fn add_process(&mut self, id: u64, port: u16, initial_members: Option<String>) {
         let data_dir = self.dir.path().join(format!("node-{id}"));
         let log = self.dir.path().join(format!("node-{id}.log"));
