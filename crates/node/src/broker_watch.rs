@@ -77,12 +77,12 @@ pub(crate) async fn follow_broker(node: Arc<Node>, mut connected: watch::Receive
             handover = match handover {
                 Handover::Since(_) if !leads => {
                     tracing::info!("another node leads now; following it until the broker is back");
-                    resume(&node);
+                    node.resume_serving();
                     Handover::None
                 }
                 Handover::Since(since) if since.elapsed() >= lease * HANDOVER_WINDOW => {
                     tracing::warn!("no other node took over; leading on and asking again later");
-                    resume(&node);
+                    node.resume_serving();
                     Handover::AskAgainAt(Instant::now() + lease * HANDOVER_WINDOW)
                 }
                 Handover::Since(since) => Handover::Since(since),
@@ -96,11 +96,10 @@ pub(crate) async fn follow_broker(node: Arc<Node>, mut connected: watch::Receive
                             peer,
                             "no broker connection for longer than the lease: handing leadership to a connected node"
                         );
-                        node.raft.runtime_config().heartbeat(false);
-                        node.pipeline.refuse(Some(format!(
+                        node.hand_over(format!(
                             "node {} has lost its broker connection and hands leadership over; try again shortly",
                             node.id
-                        )));
+                        ));
                         Handover::Since(Instant::now())
                     }
                     None => Handover::AskAgainAt(Instant::now() + lease),
@@ -109,15 +108,9 @@ pub(crate) async fn follow_broker(node: Arc<Node>, mut connected: watch::Receive
         }
         if let Handover::Since(_) = handover {
             tracing::info!("the broker is back before another node took over: leading on");
-            resume(&node);
+            node.resume_serving();
         }
     }
-}
-
-/// Heartbeats on, submissions taken again.
-fn resume(node: &Node) {
-    node.raft.runtime_config().heartbeat(true);
-    node.pipeline.refuse(None);
 }
 
 /// The first other voter whose `/ready` answers 200: connected to its broker, caught up and

@@ -45,6 +45,12 @@ pub struct Args {
     /// Leader heartbeat interval in milliseconds. Default 50.
     #[arg(long, env = "STATESTORE_HEARTBEAT_MS")]
     pub heartbeat_ms: Option<u64>,
+    /// The largest offset in milliseconds between this node's wall clock and its peers' (as their
+    /// Raft messages show them) at which it still serves: beyond it a follower is not ready, and
+    /// a node whose clock disagrees with most voters' does not stand for election and, leading,
+    /// hands leadership over. 0 turns the check off. Default 1000.
+    #[arg(long, env = "STATESTORE_MAX_CLOCK_OFFSET_MS")]
+    pub max_clock_offset_ms: Option<u64>,
     /// Lower bound of the randomized election timeout in milliseconds. Default 150.
     #[arg(long, env = "STATESTORE_ELECTION_MIN_MS")]
     pub election_min_ms: Option<u64>,
@@ -108,6 +114,11 @@ pub struct Args {
     /// unacknowledged requests the broker may send this node. Default 1000.
     #[arg(long, env = "STATESTORE_BROKER_INFLIGHT")]
     pub broker_inflight: Option<u16>,
+    /// Most requests one client (its `__srcId`, else its response topic) may have in flight at
+    /// the leader; more are answered `too many requests in flight for this client`, so one
+    /// client cannot take the whole receive window. Default: half of --broker-inflight.
+    #[arg(long, env = "STATESTORE_BROKER_CLIENT_INFLIGHT")]
+    pub broker_client_inflight: Option<u16>,
     /// Largest MQTT packet accepted from the broker, in bytes. Default 16777216 (16 MiB).
     #[arg(long, env = "STATESTORE_BROKER_MAX_PACKET_SIZE")]
     pub broker_max_packet_size: Option<u32>,
@@ -130,6 +141,7 @@ struct FileConfig {
     peer_routes: Option<String>,
     cluster_secret_file: Option<PathBuf>,
     heartbeat_ms: Option<u64>,
+    max_clock_offset_ms: Option<u64>,
     election_min_ms: Option<u64>,
     election_max_ms: Option<u64>,
     snapshot_every: Option<u64>,
@@ -149,6 +161,7 @@ struct FileConfig {
     broker_session_expiry_secs: Option<u32>,
     broker_keep_alive_secs: Option<u64>,
     broker_inflight: Option<u16>,
+    broker_client_inflight: Option<u16>,
     broker_max_packet_size: Option<u32>,
     broker_follower_qos: Option<u8>,
 }
@@ -166,6 +179,8 @@ pub struct NodeConfig {
     /// What Raft RPC, membership changes and `/v1/command` must carry; `None`: nothing.
     pub cluster_secret: Option<ClusterSecret>,
     pub heartbeat: Duration,
+    /// Clocks further apart than this disagree (zero: never).
+    pub max_clock_offset: Duration,
     pub election_min: Duration,
     pub election_max: Duration,
     pub snapshot_every: u64,
@@ -193,12 +208,17 @@ pub struct BrokerConfig {
     pub session_expiry: Duration,
     pub keep_alive: Duration,
     pub inflight: u16,
+    /// Most requests of one client in flight at the leader.
+    pub client_inflight: u16,
     pub max_packet_size: u32,
     /// QoS of a follower's request subscription (0 or 1); the leader's is always 1.
     pub follower_qos: u8,
 }
 
 pub use statestore_client::secret::ClusterSecret;
+
+/// The default of `--max-clock-offset-ms`.
+pub const DEFAULT_MAX_CLOCK_OFFSET_MS: u64 = 1_000;
 
 /// TLS to the broker: the CA to trust (system roots when `None`) and an optional client identity.
 pub use statestore_client::tls::TlsConfig;
@@ -278,6 +298,9 @@ impl NodeConfig {
             peer_routes,
             cluster_secret,
             heartbeat: Duration::from_millis(args.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(50)),
+            max_clock_offset: Duration::from_millis(
+                args.max_clock_offset_ms.or(file.max_clock_offset_ms).unwrap_or(DEFAULT_MAX_CLOCK_OFFSET_MS),
+            ),
             election_min: Duration::from_millis(args.election_min_ms.or(file.election_min_ms).unwrap_or(150)),
             election_max: Duration::from_millis(args.election_max_ms.or(file.election_max_ms).unwrap_or(300)),
             snapshot_every: args.snapshot_every.or(file.snapshot_every).unwrap_or(10_000),
@@ -375,6 +398,10 @@ fn broker_config(id: NodeId, args: &Args, file: &FileConfig) -> Result<Option<Br
     if inflight == 0 {
         return error("--broker-inflight must be positive".into());
     }
+    let client_inflight = args.broker_client_inflight.or(file.broker_client_inflight).unwrap_or(inflight.div_ceil(2));
+    if client_inflight == 0 || client_inflight > inflight {
+        return error(format!("--broker-client-inflight must be between 1 and --broker-inflight ({inflight})"));
+    }
     let max_packet_size = args.broker_max_packet_size.or(file.broker_max_packet_size).unwrap_or(16 << 20);
     if max_packet_size < 64 << 10 {
         return error("--broker-max-packet-size must be at least 65536".into());
@@ -399,6 +426,7 @@ fn broker_config(id: NodeId, args: &Args, file: &FileConfig) -> Result<Option<Br
         )),
         keep_alive: Duration::from_secs(keep_alive),
         inflight,
+        client_inflight,
         max_packet_size,
         follower_qos,
     }))
@@ -505,6 +533,7 @@ mod tests {
         let broker = NodeConfig::from_args(args(&["--id", "4", "--broker", "127.0.0.1:1883"])).unwrap().broker.unwrap();
         assert_eq!((broker.host.as_str(), broker.port, broker.client_id.as_str()), ("127.0.0.1", 1883, "statestore-4"));
         assert_eq!((broker.tls, broker.inflight, broker.session_expiry), (None, 1000, Duration::from_secs(300)));
+        assert_eq!(broker.client_inflight, 500);
         assert_eq!(broker.follower_qos, 0);
         let qos1 = NodeConfig::from_args(args(&["--id", "1", "--broker", "h:1", "--broker-follower-qos", "1"]));
         assert_eq!(qos1.unwrap().broker.unwrap().follower_qos, 1);
@@ -531,6 +560,8 @@ mod tests {
             &["--broker", "h:1", "--broker-ca", "/does/not/exist.pem"],
             &["--broker", "h:1", "--broker-password", "p"],
             &["--broker", "h:1", "--broker-inflight", "0"],
+            &["--broker", "h:1", "--broker-client-inflight", "0"],
+            &["--broker", "h:1", "--broker-inflight", "10", "--broker-client-inflight", "11"],
             &["--broker", "h:1", "--broker-max-packet-size", "1000"],
             &["--broker", "h:1", "--broker-follower-qos", "2"],
         ] {

@@ -12,6 +12,8 @@
 //!   registration drops.
 //! - `broker_watch`: leadership follows the broker connection: a node without its broker does
 //!   not stand for election, and a leader without it hands leadership over.
+//! - [`clock_watch`]: leadership follows the clocks: a leader whose wall clock disagrees with
+//!   most voters' proposes nothing and hands leadership over.
 //! - [`http`]: the axum server — Raft RPC, the cluster API, health, readiness, metrics, commands.
 //! - [`metrics`]: the Prometheus registry and Raft gauges.
 //! - [`mqtt`]: the MQTT5 front end — an adapter from the broker to the pipeline: the state
@@ -19,6 +21,7 @@
 //! - [`server`]: runs a node until SIGTERM or SIGINT.
 
 mod broker_watch;
+pub mod clock_watch;
 pub mod config;
 pub mod http;
 pub mod leader;

@@ -9,9 +9,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use openraft::error::{ForwardToLeader, InitializeError, RaftError};
 use openraft::{BasicNode, SnapshotPolicy};
 use statestore_protocol::Request;
-use statestore_raft::{Elector, NetworkFactory, Node as RaftNode, NodeId, Raft, StateReader, StorageMetrics};
+use statestore_raft::{
+    Elector, NetworkFactory, Node as RaftNode, NodeId, PeerClocks, Raft, StateReader, StorageMetrics,
+};
 use statestore_statemachine::{Applied, ClientRequest, Config as MachineConfig, Entry, Operation, Reply};
 
+use crate::clock_watch::ClockCheck;
 use crate::config::NodeConfig;
 use crate::leader::Leader;
 use crate::metrics::Metrics;
@@ -92,6 +95,8 @@ pub struct Node {
     pub max_http_commands: usize,
     /// What Raft RPC, membership changes and `/v1/command` must carry, if anything.
     pub cluster_secret: Option<crate::config::ClusterSecret>,
+    /// This node's clock against its peers', as their Raft messages show them.
+    pub clock_check: ClockCheck,
 }
 
 impl Node {
@@ -117,8 +122,10 @@ impl Node {
         };
         let raft_config = Arc::new(raft_config.validate()?);
         let authorization = config.cluster_secret.as_ref().map(|secret| secret.authorization());
+        let clocks = PeerClocks::new(config.max_clock_offset);
         let network = NetworkFactory::new(config.heartbeat, config.peer_routes.clone(), authorization.as_deref())
-            .map_err(|e| anyhow::anyhow!("the Raft network: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("the Raft network: {e}"))?
+            .with_clocks(config.id, clocks.clone());
         if config.cluster_secret.is_none() {
             tracing::warn!(
                 "no cluster secret: Raft RPC, membership changes and /v1/command accept anyone who reaches {}",
@@ -136,7 +143,9 @@ impl Node {
             config.heartbeat,
             &metrics.registry,
         )?;
-        let pipeline = Pipeline::start(raft.clone(), storage.reader.clone(), metrics.clone());
+        let clock_check = ClockCheck { id: config.id, raft: raft.clone(), clocks };
+        let pipeline =
+            Pipeline::start(raft.clone(), storage.reader.clone(), metrics.clone(), Some(clock_check.clone()));
         let leader = Leader::start(raft.clone(), pipeline.clone(), storage.reader.clone(), &metrics.registry)?;
         let node = Arc::new(Node {
             id: config.id,
@@ -152,8 +161,10 @@ impl Node {
             http_commands: Arc::new(tokio::sync::Semaphore::new(config.max_http_commands)),
             max_http_commands: config.max_http_commands,
             cluster_secret: config.cluster_secret.clone(),
+            clock_check: clock_check.clone(),
         });
         node.metrics.watch(node.clone());
+        tokio::spawn(crate::clock_watch::follow_clocks(node.clone(), clock_check, config.heartbeat));
         tokio::spawn(snapshot_policy(
             node.raft.clone(),
             node.reader.clone(),
@@ -274,6 +285,19 @@ impl Node {
         if self.broker_connected.set(connected.clone()).is_ok() {
             tokio::spawn(crate::broker_watch::follow_broker(self.clone(), connected));
         }
+    }
+
+    /// Stops this leader's heartbeats and refuses new work with `why`, so that the others stop
+    /// hearing it and elect one of themselves: leadership is handed over.
+    pub(crate) fn hand_over(&self, why: String) {
+        self.raft.runtime_config().heartbeat(false);
+        self.pipeline.refuse(Some(why));
+    }
+
+    /// Undoes [`Node::hand_over`]: heartbeats on, submissions taken again.
+    pub(crate) fn resume_serving(&self) {
+        self.raft.runtime_config().heartbeat(true);
+        self.pipeline.refuse(None);
     }
 
     /// Stops Raft: no more votes, appends or applies.

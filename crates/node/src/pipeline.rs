@@ -28,6 +28,7 @@ use statestore_raft::{Node as RaftNode, NodeId, Raft, StateReader, TypeConfig};
 use statestore_statemachine::{Applied, Entry, Proposal, Reply};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
+use crate::clock_watch::{ClockCheck, ClockVerdict};
 use crate::metrics::Metrics;
 use crate::node::{forward, now_ms, ExecuteError};
 
@@ -38,6 +39,9 @@ pub const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_BATCH_ENTRIES: usize = 1024;
 /// Most bytes (keys, values, envelope) in one batch; a single larger entry goes alone.
 pub const MAX_BATCH_BYTES: usize = 4 << 20;
+/// How long a new leader waits to learn a majority's clocks before its first proposal; past it
+/// (the others do not answer) it proposes anyway: nothing commits without them.
+const CLOCK_WAIT: Duration = Duration::from_millis(500);
 /// Log entries proposed and not yet applied. Two lets the leader write and fsync the next batch
 /// while the previous one is replicated.
 pub const MAX_PROPOSALS_IN_FLIGHT: usize = 2;
@@ -99,13 +103,14 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Starts the pipeline's tasks on the current runtime.
-    pub fn start(raft: Raft, reader: StateReader, metrics: Metrics) -> Pipeline {
+    /// Starts the pipeline's tasks on the current runtime. With a `clock_check`, a leader
+    /// proposes nothing while its clock disagrees with most voters' clocks.
+    pub fn start(raft: Raft, reader: StateReader, metrics: Metrics, clock_check: Option<ClockCheck>) -> Pipeline {
         let (submissions, submitted) = mpsc::unbounded_channel();
         let (stages_tx, stages_rx) = mpsc::unbounded_channel();
         let (reads_tx, reads_rx) = mpsc::unbounded_channel();
         let notification_hook: Arc<OnceLock<NotificationHook>> = Arc::new(OnceLock::new());
-        tokio::spawn(batcher(raft.clone(), metrics.clone(), submitted, stages_tx));
+        tokio::spawn(batcher(raft.clone(), metrics.clone(), clock_check, submitted, stages_tx));
         tokio::spawn(responder(metrics.clone(), notification_hook.clone(), stages_rx, reads_tx));
         tokio::spawn(reader_task(raft, reader, reads_rx));
         Pipeline { submissions, notification_hook, refusal: Arc::default(), metrics }
@@ -121,6 +126,11 @@ impl Pipeline {
     /// What was submitted before is served as usual.
     pub fn refuse(&self, why: Option<String>) {
         *self.refusal.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = why;
+    }
+
+    /// Whether submissions are being refused ([`Pipeline::refuse`]).
+    pub fn refusing(&self) -> bool {
+        self.refusal.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_some()
     }
 
     /// Submits `work`; `answer` is called once with its outcome.
@@ -154,6 +164,7 @@ impl Pipeline {
 async fn batcher(
     raft: Raft,
     metrics: Metrics,
+    clock_check: Option<ClockCheck>,
     mut submitted: mpsc::UnboundedReceiver<Submission>,
     stages: mpsc::UnboundedSender<Stage>,
 ) {
@@ -193,18 +204,43 @@ async fn batcher(
             drop(slot);
         } else {
             metrics.observe_batch(batch.len(), bytes);
-            let stage = match raft.client_write_ff(Proposal { entries: batch }).await {
-                Ok(result) => Stage::Proposal { result, answers, _slot: slot },
-                Err(fatal) => {
+            let clock = match &clock_check {
+                Some(check) => clock_allows(&raft, check).await,
+                None => Ok(()),
+            };
+            let proposed = match clock {
+                Ok(()) => raft.client_write_ff(Proposal { entries: batch }).await.map_err(|fatal| {
                     tracing::error!(error = %fatal, "raft stopped");
-                    let error = ExecuteError::Unavailable(fatal.to_string());
-                    Stage::Failed { answers: answers.into_iter().map(|(answer, _)| answer).collect(), error }
-                }
+                    ExecuteError::Unavailable(fatal.to_string())
+                }),
+                Err(why) => Err(ExecuteError::Unavailable(why)),
+            };
+            let stage = match proposed {
+                Ok(result) => Stage::Proposal { result, answers, _slot: slot },
+                Err(error) => Stage::Failed { answers: answers.into_iter().map(|(answer, _)| answer).collect(), error },
             };
             let _ = stages.send(stage);
         }
         if !reads.is_empty() {
             let _ = stages.send(Stage::Reads(reads));
+        }
+    }
+}
+
+/// Whether this node may propose now, as far as clocks go: a leader whose clock disagrees with
+/// most voters' may not (the entry would carry its clock into every replica's state machine); one
+/// that does not know enough voters' clocks yet waits for them, up to [`CLOCK_WAIT`].
+async fn clock_allows(raft: &Raft, check: &ClockCheck) -> Result<(), String> {
+    if raft.metrics().borrow().state != openraft::ServerState::Leader {
+        return Ok(());
+    }
+    let deadline = Instant::now() + CLOCK_WAIT;
+    loop {
+        match check.verdict() {
+            ClockVerdict::Agrees => return Ok(()),
+            ClockVerdict::Disagrees(why) => return Err(why),
+            ClockVerdict::Unknown if Instant::now() >= deadline => return Ok(()),
+            ClockVerdict::Unknown => tokio::time::sleep(Duration::from_millis(5)).await,
         }
     }
 }

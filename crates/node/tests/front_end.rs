@@ -60,6 +60,11 @@ struct Harness {
 impl Harness {
     /// A single-node store, leading, with a front end on a recording link.
     async fn start() -> Harness {
+        Harness::start_with(500).await
+    }
+
+    /// The same, with at most `client_inflight` requests of one client in flight.
+    async fn start_with(client_inflight: usize) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let data_dir = dir.path().join("data");
         let args = Args::try_parse_from([
@@ -76,7 +81,7 @@ impl Harness {
         let (_sessions_tx, sessions) = watch::channel(0);
         let (role_tx, mut role) = watch::channel(None);
         let link = Arc::new(RecordingLink { events: events_tx, role: role_tx });
-        let (front, requests) = FrontEnd::with_link(node.clone(), link, sessions).unwrap();
+        let (front, requests) = FrontEnd::with_link(node.clone(), link, sessions, client_inflight).unwrap();
         let mut leading = node.leader.leading();
         tokio::time::timeout(Duration::from_secs(10), leading.wait_for(|term| term.is_some()))
             .await
@@ -260,7 +265,7 @@ async fn notifications_go_out_before_the_response_and_a_gone_client_is_dropped()
     let set = h.send("writer", 1, Set::new("door", "open").encode(), |_| {});
     let notification = h.next_publish().await;
     assert_eq!(notification.topic, notification_topic("watcher", "door"));
-    assert_eq!(Notification::decode(&notification.payload), Some(Notification::Set { value: b"open".to_vec() }));
+    assert_eq!(Notification::decode(&notification.payload), Some(Notification::Set { value: b"open".to_vec().into() }));
     assert!(user(&notification, "__ts").is_some());
     let (response, _) = h.answer(set).await;
     assert_eq!(response, Response::Ok, "the response comes after the notification");
@@ -286,7 +291,7 @@ async fn the_leader_expires_keys_and_notifies_their_deletion() {
     set.expiry_ms = Some(200);
     let set = h.send("holder", 1, set.encode(), |_| {});
     let notification = h.next_publish().await;
-    assert_eq!(Notification::decode(&notification.payload), Some(Notification::Set { value: b"held".to_vec() }));
+    assert_eq!(Notification::decode(&notification.payload), Some(Notification::Set { value: b"held".to_vec().into() }));
     assert_eq!(h.answer(set).await.0, Response::Ok);
     // Without a request in sight, the sweeper deletes the key and the deletion is notified.
     let deletion = h.next_publish().await;
@@ -295,4 +300,36 @@ async fn the_leader_expires_keys_and_notifies_their_deletion() {
     let get = h.send("holder", 2, Get { key: b"lease".to_vec() }.encode(), |_| {});
     assert_eq!(h.answer(get).await.0, Response::Nil);
     assert!(metrics(&h.node).contains("statestore_expired_keys_total 1"));
+}
+
+/// One client cannot take the whole window: what it sends beyond its in-flight limit is answered
+/// at once with the error that names the limit, while other clients are served.
+#[tokio::test]
+async fn a_client_beyond_its_in_flight_limit_is_answered_at_once_and_others_are_served() {
+    let mut h = Harness::start_with(2).await;
+    const GREEDY: u8 = 40;
+    for i in 0..GREEDY {
+        h.send("greedy", i, Set::new(format!("g{i}"), "v").encode(), |_| {});
+    }
+    h.send("other", 200, Set::new("o", "v").encode(), |_| {});
+    let (mut refused, mut written, mut other_ok, mut acks) = (0, 0, false, 0);
+    while refused + written + usize::from(other_ok) < usize::from(GREEDY) + 1 || acks < usize::from(GREEDY) + 1 {
+        match h.next().await {
+            Event::Acked(_) => acks += 1,
+            Event::Published(outbound) => {
+                let from_other = outbound.topic.starts_with("clients/other/");
+                match &outbound.payload[..] {
+                    b"+OK\r\n" if from_other => other_ok = true,
+                    b"+OK\r\n" => written += 1,
+                    b"-ERR too many requests in flight for this client\r\n" if !from_other => refused += 1,
+                    other => panic!("unexpected answer {:?} on {}", String::from_utf8_lossy(other), outbound.topic),
+                }
+            }
+        }
+    }
+    assert!(other_ok, "another client is served");
+    assert!(written >= 2 && refused >= 1, "{written} written, {refused} refused");
+    // Once its answers are out, the client has its places back.
+    h.send("greedy", 100, Set::new("again", "v").encode(), |_| {});
+    assert_eq!(&h.next_publish().await.payload[..], b"+OK\r\n");
 }

@@ -308,6 +308,23 @@ async fn a_write_refused_for_clock_skew_is_not_applied_by_the_next_leader() {
     }
 }
 
+/// A write through `POST /v1/command` takes the same path as one over MQTT: its notification goes
+/// out at once, with no MQTT request to wake the publisher.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_through_the_http_command_route_notifies_watchers_at_once() {
+    let (broker, cluster) = cluster_with_broker().await;
+    let client = RawClient::connect(broker.port, "http-watcher").await;
+    let registered = client.request(&KeyNotify { key: b"http-key".to_vec(), stop: false }.encode(), &timestamp()).await;
+    assert_eq!(text(&registered.payload), "+OK\r\n");
+    let leader = cluster.wait_leader().await;
+    cluster.set(leader, "http-key", "from-http").await.unwrap();
+    let notification = client
+        .wait_for(Duration::from_secs(1), |r| r.topic.starts_with(NOTIFICATION_PREFIX))
+        .await
+        .expect("no notification within 1 s of a write through /v1/command");
+    assert_eq!(notification.payload, encode_bulk_array(&[&b"NOTIFY"[..], b"SET", b"VALUE", b"from-http"]));
+}
+
 async fn cluster_with_broker() -> (Broker, Cluster) {
     let broker = Broker::start();
     let cluster = Cluster::start(3, &["--broker", &broker.address()]).await;

@@ -51,6 +51,13 @@ pub enum StoreError {
     /// The MQTT request carries no correlation data, so no answer could be matched to it.
     #[error("{}", self.text())]
     MissingCorrelationData,
+    /// KEYNOTIFY whose `__srcId` is neither the `clients/{id}/` id of its response topic nor that
+    /// id's upper-case hex form.
+    #[error("{}", self.text())]
+    ClientIdMismatch,
+    /// The client already has as many requests in flight as a node accepts from one client.
+    #[error("{}", self.text())]
+    TooManyRequestsInFlight,
     /// An error text this crate does not know (only produced when decoding a server's reply).
     #[error("{0}")]
     Unknown(String),
@@ -58,7 +65,7 @@ pub enum StoreError {
 
 impl StoreError {
     /// Every variant with a fixed text, for exhaustive tests and for decoding.
-    pub const KNOWN: [StoreError; 15] = [
+    pub const KNOWN: [StoreError; 17] = [
         StoreError::TimestampSkew,
         StoreError::FencingTokenRequired,
         StoreError::FencingTokenSkew,
@@ -74,6 +81,8 @@ impl StoreError {
         StoreError::MissingClientId,
         StoreError::KeyTooLongToObserve,
         StoreError::MissingCorrelationData,
+        StoreError::ClientIdMismatch,
+        StoreError::TooManyRequestsInFlight,
     ];
 
     /// The text after `-ERR ` on the wire, byte-for-byte as the SDKs match it.
@@ -100,6 +109,8 @@ impl StoreError {
             StoreError::MissingClientId => "the request carries no client id",
             StoreError::KeyTooLongToObserve => "the key is too long to be observed",
             StoreError::MissingCorrelationData => "the request carries no correlation data",
+            StoreError::ClientIdMismatch => "the client id does not match the response topic",
+            StoreError::TooManyRequestsInFlight => "too many requests in flight for this client",
             StoreError::Unknown(text) => text,
         }
     }

@@ -1,5 +1,6 @@
 //! Key notification payloads (PROTOCOL.md §9.2).
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::resp::{encode_bulk_array, Cursor};
@@ -9,8 +10,8 @@ use crate::resp::{encode_bulk_array, Cursor};
 pub enum Notification {
     /// `*4 NOTIFY SET VALUE <value>`: the key was set.
     Set {
-        #[serde(with = "serde_bytes")]
-        value: Vec<u8>,
+        /// Shared, not copied, by the notifications of every watcher of the key.
+        value: Bytes,
     },
     /// `*2 NOTIFY DELETE`: the key was deleted by DEL, VDEL or expiry.
     Delete,
@@ -32,7 +33,7 @@ impl Notification {
             return None;
         }
         match items.as_slice() {
-            [b"NOTIFY", b"SET", b"VALUE", value] => Some(Notification::Set { value: value.to_vec() }),
+            [b"NOTIFY", b"SET", b"VALUE", value] => Some(Notification::Set { value: Bytes::copy_from_slice(value) }),
             [b"NOTIFY", b"DELETE"] => Some(Notification::Delete),
             _ => None,
         }
@@ -46,11 +47,11 @@ mod tests {
     #[test]
     fn payloads_are_byte_exact() {
         assert_eq!(
-            Notification::Set { value: b"value1".to_vec() }.encode(),
+            Notification::Set { value: Bytes::from_static(b"value1") }.encode(),
             b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$6\r\nvalue1\r\n"
         );
         assert_eq!(
-            Notification::Set { value: Vec::new() }.encode(),
+            Notification::Set { value: Bytes::new() }.encode(),
             b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$0\r\n\r\n"
         );
         assert_eq!(Notification::Delete.encode(), b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n");
@@ -58,7 +59,7 @@ mod tests {
 
     #[test]
     fn decode_accepts_only_the_two_forms() {
-        for n in [Notification::Delete, Notification::Set { value: b"\r\n\0".to_vec() }] {
+        for n in [Notification::Delete, Notification::Set { value: Bytes::from_static(b"\r\n\0") }] {
             assert_eq!(Notification::decode(&n.encode()), Some(n));
         }
         assert_eq!(Notification::decode(b"*2\r\n$6\r\nNOTIFY\r\n$3\r\nDEL\r\n"), None);

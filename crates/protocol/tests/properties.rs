@@ -66,7 +66,7 @@ proptest! {
 
     #[test]
     fn notifications_round_trip(value in bytes(64), delete in any::<bool>()) {
-        let n = if delete { Notification::Delete } else { Notification::Set { value } };
+        let n = if delete { Notification::Delete } else { Notification::Set { value: value.into() } };
         prop_assert_eq!(Notification::decode(&n.encode()), Some(n));
     }
 

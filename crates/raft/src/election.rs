@@ -18,6 +18,9 @@
 //! `elect`. A voter that cannot reach a quorum never raises its term, so when it comes back it
 //! simply follows.
 //!
+//! A candidate whose clock disagrees with most voters' clocks as the pre-vote's answers show them
+//! (beyond the bound of [`crate::clocks::PeerClocks`]) does not stand either.
+//!
 //! A node may also be told it must not lead ([`Elector::may_lead`]), e.g. while it cannot reach
 //! the broker its clients talk through: it then never stands, and while it still leads it grants
 //! pre-votes to candidates whose log is as up to date as its own, so that a node that can serve
@@ -256,6 +259,23 @@ impl Elector {
             {
                 tracing::info!(vote = %now.vote, "won a pre-vote, but another node stood or led since; not standing");
                 continue;
+            }
+            if let Some(clocks) = self.network.clocks() {
+                // The pre-vote's answers have just told this node its peers' clocks.
+                let voters: BTreeSet<NodeId> = configs.iter().flatten().copied().collect();
+                let agreement = clocks.agreement(self.id, voters);
+                if !agreement.holds() {
+                    let (peer, offset_ms) = agreement.furthest.unwrap_or_default();
+                    tracing::warn!(
+                        agreeing = agreement.agreeing,
+                        known = agreement.known,
+                        peer,
+                        offset_ms,
+                        bound_ms = clocks.bound().as_millis() as u64,
+                        "won a pre-vote, but this node's clock disagrees with most voters' clocks; not standing"
+                    );
+                    continue;
+                }
             }
             tracing::info!(since_leader_ms = ?standing.since_leader.map(|d| d.as_millis()), "won a pre-vote; standing for election");
             if self.raft.trigger().elect().await.is_err() {

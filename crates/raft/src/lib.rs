@@ -11,12 +11,14 @@
 //!   keeps the latest snapshot.
 //! - [`election`]: when a node stands for election (a pre-vote first).
 //! - [`network`]: the HTTP client side of the Raft RPCs; [`wire`]: their encoding.
+//! - [`clocks`]: peers' wall clocks as their RPCs show them, and whether this node's agrees.
 //! - [`metrics`]: fsync, apply and snapshot metrics.
 
 // openraft's traits return its own `StorageError`, which is large; boxing it would only add
 // conversions at every trait boundary.
 #![allow(clippy::result_large_err)]
 
+pub mod clocks;
 pub mod db;
 pub mod dedup_retention;
 pub mod election;
@@ -38,6 +40,7 @@ use statestore_protocol::Request;
 use statestore_statemachine::{Config, DueKey, OutboxEntry, Reply, RequestIdentity, StateMachine, StorageError};
 use tokio::sync::broadcast;
 
+pub use clocks::PeerClocks;
 pub use election::Elector;
 pub use log_store::{LogReader, LogStore};
 pub use metrics::StorageMetrics;

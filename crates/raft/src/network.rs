@@ -27,6 +27,7 @@ use openraft::EntryPayload;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::clocks::{wall_clock_ms, PeerClocks, CLOCK_HEADER, FROM_HEADER};
 use crate::election::{PreVoteRequest, PreVoteResponse, PREVOTE_PATH};
 use crate::types::{Node, NodeId, TypeConfig};
 use crate::wire::{decode, encode, CONTENT_TYPE};
@@ -47,6 +48,9 @@ pub struct NetworkFactory {
     retry_after: Duration,
     /// Peers reached at another URL than the one they advertise (a proxy, a NAT).
     routes: BTreeMap<NodeId, String>,
+    /// This node's id and its readings of peers' clocks: requests carry both this node's id
+    /// and clock, and answers' clocks are noted.
+    clocks: Option<(NodeId, PeerClocks)>,
 }
 
 impl NetworkFactory {
@@ -74,7 +78,36 @@ impl NetworkFactory {
             .pool_idle_timeout(Duration::from_secs(30))
             .build()
             .map_err(|e| format!("building the HTTP client: {e}"))?;
-        Ok(NetworkFactory { client, retry_after, routes })
+        Ok(NetworkFactory { client, retry_after, routes, clocks: None })
+    }
+
+    /// Sends this node's id (`me`) and clock with every request, and notes peers' clocks from
+    /// their answers in `clocks`.
+    pub fn with_clocks(mut self, me: NodeId, clocks: PeerClocks) -> NetworkFactory {
+        self.clocks = Some((me, clocks));
+        self
+    }
+
+    /// The readings of peers' clocks, when kept.
+    pub fn clocks(&self) -> Option<&PeerClocks> {
+        self.clocks.as_ref().map(|(_, clocks)| clocks)
+    }
+}
+
+/// Adds this node's id and clock to a request.
+fn stamp(builder: reqwest::RequestBuilder, clocks: &Option<(NodeId, PeerClocks)>) -> reqwest::RequestBuilder {
+    match clocks {
+        Some((me, _)) => builder.header(FROM_HEADER, me.to_string()).header(CLOCK_HEADER, wall_clock_ms().to_string()),
+        None => builder,
+    }
+}
+
+/// Notes the clock an answer from `peer` carries.
+fn note_clock(response: &reqwest::Response, peer: NodeId, clocks: &Option<(NodeId, PeerClocks)>) {
+    let Some((_, clocks)) = clocks else { return };
+    let reading = response.headers().get(CLOCK_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+    if let Some(wall_clock_ms) = reading {
+        clocks.observe(peer, wall_clock_ms);
     }
 }
 
@@ -93,15 +126,15 @@ impl NetworkFactory {
         timeout: Duration,
     ) -> Result<PreVoteResponse, String> {
         let body = encode(request).map_err(|e| format!("encoding the request: {e}"))?;
-        let response = self
-            .client
-            .post(format!("{}{PREVOTE_PATH}", self.address(target, node)))
+        let post = self.client.post(format!("{}{PREVOTE_PATH}", self.address(target, node)));
+        let response = stamp(post, &self.clocks)
             .header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE)
             .timeout(timeout)
             .body(body)
             .send()
             .await
             .map_err(|e| e.to_string())?;
+        note_clock(&response, target, &self.clocks);
         let status = response.status();
         let bytes = response.bytes().await.map_err(|e| e.to_string())?;
         if !status.is_success() {
@@ -121,6 +154,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             addr: self.address(target, node),
             retry_after: self.retry_after,
             append_budget: MAX_APPEND_BYTES,
+            clocks: self.clocks.clone(),
         }
     }
 }
@@ -133,6 +167,7 @@ pub struct PeerClient {
     retry_after: Duration,
     /// How many entry bytes the next append request may carry.
     append_budget: usize,
+    clocks: Option<(NodeId, PeerClocks)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -164,9 +199,7 @@ impl PeerClient {
     {
         let network = |detail: String| RPCError::Network(NetworkError::new(&RpcFailure(detail)));
         let body = encode(request).map_err(|e| network(format!("encoding the request: {e}")))?;
-        let sent = self
-            .client
-            .post(format!("{}{path}", self.addr))
+        let sent = stamp(self.client.post(format!("{}{path}", self.addr)), &self.clocks)
             .header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE)
             .timeout(option.hard_ttl())
             .body(body)
@@ -178,6 +211,7 @@ impl PeerClient {
             Err(e) if e.is_connect() => return Err(RPCError::Unreachable(Unreachable::new(&e))),
             Err(e) => return Err(network(e.to_string())),
         };
+        note_clock(&response, self.target, &self.clocks);
         let status = response.status();
         let bytes = match response.bytes().await {
             Ok(bytes) => bytes,

@@ -85,6 +85,11 @@ impl<'a> Reader<'a> {
         Ok(self.take(1)?[0])
     }
 
+    /// The next byte, left unread.
+    pub(crate) fn peek_u8(&self) -> Result<u8, StorageError> {
+        self.buf.first().copied().ok_or_else(|| self.corrupt("record too short"))
+    }
+
     pub(crate) fn u64(&mut self) -> Result<u64, StorageError> {
         Ok(u64::from_be_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }

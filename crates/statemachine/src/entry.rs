@@ -1,5 +1,6 @@
 //! What goes into the replicated log, and what applying it yields.
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use statestore_protocol::topic::notification_topic;
 use statestore_protocol::{Hlc, Notification, Request, Response, StoreError};
@@ -99,8 +100,8 @@ impl Reply {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyNotification {
     pub client_id: String,
-    #[serde(with = "serde_bytes")]
-    pub key: Vec<u8>,
+    /// Shared by every watcher's notification of one change.
+    pub key: Bytes,
     pub notification: Notification,
     /// The `__ts` of the notification: the key's new version, or the deletion's version.
     pub version: Hlc,

@@ -34,3 +34,4 @@ pub use machine::{Config, StateMachine};
 pub use meta::VERSION_NODE_ID;
 pub use scan::ScanLimits;
 pub use storage::{Batch, MemStorage, Overlay, Storage, StorageError, StorageRead, Table, Txn};
+pub use watch::RegistrationLimits;

@@ -1,5 +1,6 @@
 //! Applying log entries: the semantics of every command (PROTOCOL.md §6, §7, §9–§11).
 
+use bytes::Bytes;
 use statestore_protocol::topic::{notification_topic_len, MAX_TOPIC_LEN};
 use statestore_protocol::{
     Command, Get, Hlc, KeyNotify, Notification, Request, Response, Set, SetCondition, StoreError,
@@ -9,6 +10,7 @@ use crate::entry::{Applied, ClientRequest, Entry, Operation, OutboxEntry, Reply}
 use crate::keyspace::{self, KeyRecord};
 use crate::scan::{self, ScanLimits};
 use crate::storage::{Overlay, Storage, StorageError, StorageRead, Txn};
+use crate::watch::{Registered, RegistrationLimits};
 use crate::{dedup, meta, watch};
 
 /// Limits and retention. Must be the same on every node: apply depends on it.
@@ -23,6 +25,8 @@ pub struct Config {
     pub default_message_expiry_secs: u32,
     /// Dedup entries are kept for the request's message expiry plus this.
     pub dedup_grace_ms: u64,
+    /// KEYNOTIFY registrations beyond these answer `the quota has been exceeded`.
+    pub registrations: RegistrationLimits,
 }
 
 impl Default for Config {
@@ -33,6 +37,7 @@ impl Default for Config {
             scan: ScanLimits::default(),
             default_message_expiry_secs: 10,
             dedup_grace_ms: 60_000,
+            registrations: RegistrationLimits::default(),
         }
     }
 }
@@ -234,7 +239,7 @@ impl<T: Txn> Apply<'_, T> {
             expires_at: set.expiry_ms.map(|ms| self.now.saturating_add(ms)),
         };
         keyspace::store(self.txn, &set.key, current.as_ref(), &record)?;
-        let notification = Notification::Set { value: set.value.clone() };
+        let notification = Notification::Set { value: Bytes::copy_from_slice(&set.value) };
         watch::notify(self.txn, &set.key, &notification, &version, &mut self.notifications)?;
         Ok(Reply::new(Response::Ok, Some(version)))
     }
@@ -280,8 +285,10 @@ impl<T: Txn> Apply<'_, T> {
         if notification_topic_len(client_id.len(), keynotify.key.len()) > MAX_TOPIC_LEN {
             return Err(StoreError::KeyTooLongToObserve.into());
         }
-        watch::register(self.txn, client_id, &keynotify.key)?;
-        Ok(Reply::new(Response::Ok, None))
+        match watch::register(self.txn, client_id, &keynotify.key, &self.config.registrations)? {
+            Registered::Added | Registered::Already => Ok(Reply::new(Response::Ok, None)),
+            Registered::OverQuota => Err(StoreError::QuotaExceeded.into()),
+        }
     }
 
     /// The sweeper's Expire: only the exact version it saw, and only once it is due.

@@ -15,9 +15,13 @@ const KEY_COUNT: &[u8] = b"key_count";
 const BYTE_COUNT: &[u8] = b"byte_count";
 const OUTBOX_NEXT: &[u8] = b"outbox_next";
 const REGISTRATION_COUNT: &[u8] = b"registration_count";
+/// Followed by a client id: that client's number of registrations.
+const CLIENT_REGISTRATIONS: &[u8] = b"registrations_of/";
 
 /// Meta keys the state machine owns; other layers sharing [`Table::Meta`] must not use them.
-pub const RESERVED_META_KEYS: [&[u8]; 6] = [CLOCK, VERSION, KEY_COUNT, BYTE_COUNT, OUTBOX_NEXT, REGISTRATION_COUNT];
+/// [`CLIENT_REGISTRATIONS`] is a prefix: every key starting with it is reserved too.
+pub const RESERVED_META_KEYS: [&[u8]; 7] =
+    [CLOCK, VERSION, KEY_COUNT, BYTE_COUNT, OUTBOX_NEXT, REGISTRATION_COUNT, CLIENT_REGISTRATIONS];
 
 fn read_u64(store: &(impl StorageRead + ?Sized), key: &[u8]) -> Result<u64, StorageError> {
     store.get(Table::Meta, key)?.map_or(Ok(0), |v| decode_u64(Table::Meta, &v))
@@ -82,9 +86,10 @@ pub fn outbox_next(store: &(impl StorageRead + ?Sized)) -> Result<u64, StorageEr
     read_u64(store, OUTBOX_NEXT)
 }
 
-pub(crate) fn take_outbox_seq(txn: &mut impl Txn) -> Result<u64, StorageError> {
+/// Takes `count` consecutive sequence numbers; returns the first.
+pub(crate) fn take_outbox_seqs(txn: &mut impl Txn, count: u64) -> Result<u64, StorageError> {
     let seq = outbox_next(txn)?;
-    txn.put(Table::Meta, OUTBOX_NEXT.to_vec(), encode_u64(seq + 1));
+    txn.put(Table::Meta, OUTBOX_NEXT.to_vec(), encode_u64(seq + count));
     Ok(seq)
 }
 
@@ -95,4 +100,27 @@ pub(crate) fn registration_count(store: &(impl StorageRead + ?Sized)) -> Result<
 
 pub(crate) fn set_registration_count(txn: &mut impl Txn, count: u64) {
     txn.put(Table::Meta, REGISTRATION_COUNT.to_vec(), encode_u64(count));
+}
+
+fn client_registrations_key(client_id: &str) -> Vec<u8> {
+    [CLIENT_REGISTRATIONS, client_id.as_bytes()].concat()
+}
+
+/// Number of registrations of `client_id`, `None` when not recorded (no registration, or a store
+/// written before the per-client count was kept).
+pub(crate) fn client_registration_count(
+    store: &(impl StorageRead + ?Sized),
+    client_id: &str,
+) -> Result<Option<u64>, StorageError> {
+    store.get(Table::Meta, &client_registrations_key(client_id))?.map(|v| decode_u64(Table::Meta, &v)).transpose()
+}
+
+/// Records the number of registrations of `client_id`; zero removes the record.
+pub(crate) fn set_client_registration_count(txn: &mut impl Txn, client_id: &str, count: u64) {
+    let key = client_registrations_key(client_id);
+    if count == 0 {
+        txn.delete(Table::Meta, key);
+    } else {
+        txn.put(Table::Meta, key, encode_u64(count));
+    }
 }

@@ -9,6 +9,7 @@
 //! scan of the registrations. A store written before the count existed has it counted once,
 //! by the first entry that needs it (the same entry on every replica).
 
+use bytes::Bytes;
 use statestore_protocol::{Hlc, Notification};
 
 use crate::codec::{length_prefix, pair_key, split_pair_key, split_timed_key, timed_key, Reader, Writer};
@@ -44,17 +45,51 @@ impl Pages {
     }
 }
 
-/// Registers `client_id` for `key`; false if it already was.
-pub(crate) fn register(txn: &mut impl Txn, client_id: &str, key: &[u8]) -> Result<bool, StorageError> {
+/// How many KEYNOTIFY registrations the store accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegistrationLimits {
+    /// Registrations of all clients together.
+    pub total: u64,
+    /// Registrations of one client id.
+    pub per_client: u64,
+}
+
+impl Default for RegistrationLimits {
+    fn default() -> Self {
+        RegistrationLimits { total: 100_000, per_client: 1_000 }
+    }
+}
+
+/// What a registration did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Registered {
+    Added,
+    Already,
+    /// The total or this client's quota is reached; nothing was written.
+    OverQuota,
+}
+
+/// Registers `client_id` for `key`, within `limits`.
+pub(crate) fn register(
+    txn: &mut impl Txn,
+    client_id: &str,
+    key: &[u8],
+    limits: &RegistrationLimits,
+) -> Result<Registered, StorageError> {
     let by_key = pair_key(key, client_id.as_bytes());
     if txn.get(Table::Watchers, &by_key)?.is_some() {
-        return Ok(false);
+        return Ok(Registered::Already);
     }
     let count = registrations(txn)?;
+    let of_client = client_registrations(txn, client_id)?;
+    if count >= limits.total || of_client >= limits.per_client {
+        return Ok(Registered::OverQuota);
+    }
     txn.put(Table::Watchers, by_key, Vec::new());
     txn.put(Table::WatchedKeys, pair_key(client_id.as_bytes(), key), Vec::new());
     meta::set_registration_count(txn, count + 1);
-    Ok(true)
+    meta::set_client_registration_count(txn, client_id, of_client + 1);
+    Ok(Registered::Added)
 }
 
 /// Removes the registration of `client_id` for `key`; false if there was none.
@@ -64,9 +99,11 @@ pub(crate) fn unregister(txn: &mut impl Txn, client_id: &str, key: &[u8]) -> Res
         return Ok(false);
     }
     let count = registrations(txn)?;
+    let of_client = client_registrations(txn, client_id)?;
     txn.delete(Table::Watchers, by_key);
     txn.delete(Table::WatchedKeys, pair_key(client_id.as_bytes(), key));
     meta::set_registration_count(txn, count.saturating_sub(1));
+    meta::set_client_registration_count(txn, client_id, of_client.saturating_sub(1));
     Ok(true)
 }
 
@@ -88,7 +125,24 @@ pub(crate) fn unregister_client(txn: &mut impl Txn, client_id: &str) -> Result<u
         }
     }
     meta::set_registration_count(txn, count.saturating_sub(removed));
+    meta::set_client_registration_count(txn, client_id, 0);
     Ok(removed)
+}
+
+/// The number of registrations of `client_id`, counted if the store does not have it (none yet,
+/// or a store written before the per-client count was kept).
+fn client_registrations(txn: &mut impl Txn, client_id: &str) -> Result<u64, StorageError> {
+    if let Some(count) = meta::client_registration_count(txn, client_id)? {
+        return Ok(count);
+    }
+    let (mut pages, mut count) = (Pages::new(Table::WatchedKeys, &length_prefix(client_id.as_bytes())), 0);
+    loop {
+        let page = pages.next(txn)?;
+        if page.is_empty() {
+            return Ok(count);
+        }
+        count += page.len() as u64;
+    }
 }
 
 /// The number of registrations, counted (and recorded) if the store does not have it yet.
@@ -132,6 +186,10 @@ pub fn watchers(store: &(impl StorageRead + ?Sized), key: &[u8]) -> Result<Vec<S
 }
 
 /// Queues `notification` about `key` for every client registered for it.
+///
+/// One change is one outbox record, whatever the number of watchers: the value and key are
+/// stored once, with the watchers' ids, under the last of the consecutive sequence numbers the
+/// watchers get; in memory every watcher's entry shares them.
 pub(crate) fn notify(
     txn: &mut impl Txn,
     key: &[u8],
@@ -142,58 +200,128 @@ pub(crate) fn notify(
     if registrations(txn)? == 0 {
         return Ok(());
     }
-    for client_id in watchers(txn, key)? {
-        let entry = OutboxEntry {
-            seq: meta::take_outbox_seq(txn)?,
-            notification: KeyNotification {
-                client_id,
-                key: key.to_vec(),
-                notification: notification.clone(),
-                version: version.clone(),
-            },
-        };
-        txn.put(Table::Outbox, timed_key(entry.seq, &[]), encode_outbox(&entry.notification));
-        out.push(entry);
-    }
+    let clients = watchers(txn, key)?;
+    let Some(count) = std::num::NonZeroU64::new(clients.len() as u64) else {
+        return Ok(());
+    };
+    let first = meta::take_outbox_seqs(txn, count.get())?;
+    let change = Change {
+        first,
+        clients,
+        key: Bytes::copy_from_slice(key),
+        notification: notification.clone(),
+        version: version.clone(),
+    };
+    txn.put(Table::Outbox, timed_key(change.last(), &[]), encode_change(&change));
+    out.extend(change.entries());
     Ok(())
 }
 
-fn encode_outbox(n: &KeyNotification) -> Vec<u8> {
-    let writer = Writer::new().bytes(n.client_id.as_bytes()).bytes(&n.key).hlc(&n.version);
-    match &n.notification {
+/// One change's notifications: sequence numbers `first..first + clients.len()`, one per client.
+struct Change {
+    first: u64,
+    clients: Vec<String>,
+    key: Bytes,
+    notification: Notification,
+    version: Hlc,
+}
+
+impl Change {
+    fn last(&self) -> u64 {
+        self.first + self.clients.len() as u64 - 1
+    }
+
+    fn entries(self) -> impl Iterator<Item = OutboxEntry> {
+        let Change { first, clients, key, notification, version } = self;
+        clients.into_iter().zip(first..).map(move |(client_id, seq)| OutboxEntry {
+            seq,
+            notification: KeyNotification {
+                client_id,
+                key: key.clone(),
+                notification: notification.clone(),
+                version: version.clone(),
+            },
+        })
+    }
+}
+
+/// Marks a record of several watchers; a record of one watcher in the first layout starts with
+/// the length of its client id, whose first byte is 0.
+const SHARED: u8 = 0xFF;
+
+fn encode_change(change: &Change) -> Vec<u8> {
+    let mut writer = Writer::new().u8(SHARED).u64(change.first).u64(change.clients.len() as u64);
+    for client in &change.clients {
+        writer = writer.bytes(client.as_bytes());
+    }
+    let writer = writer.bytes(&change.key).hlc(&change.version);
+    match &change.notification {
         Notification::Set { value } => writer.u8(1).bytes(value),
         Notification::Delete => writer.u8(0),
     }
     .finish()
 }
 
-fn decode_outbox(seq_key: &[u8], bytes: &[u8]) -> Result<OutboxEntry, StorageError> {
-    let corrupt = |detail| StorageError::Corrupt { table: Table::Outbox, detail };
-    let (seq, _) = split_timed_key(Table::Outbox, seq_key)?;
+/// How many notifications a record holds, from its header alone.
+fn notifications_in(bytes: &[u8]) -> Result<u64, StorageError> {
     let mut r = Reader::new(Table::Outbox, bytes)?;
-    let client_id = String::from_utf8(r.bytes()?.to_vec()).map_err(|_| corrupt("client id is not UTF-8"))?;
-    let key = r.bytes()?.to_vec();
+    if r.peek_u8()? != SHARED {
+        return Ok(1);
+    }
+    r.u8()?;
+    r.u64()?;
+    r.u64()
+}
+
+fn decode_change(seq_key: &[u8], bytes: &[u8]) -> Result<Change, StorageError> {
+    let corrupt = |detail| StorageError::Corrupt { table: Table::Outbox, detail };
+    let (last, _) = split_timed_key(Table::Outbox, seq_key)?;
+    let mut r = Reader::new(Table::Outbox, bytes)?;
+    let client_id =
+        |r: &mut Reader| String::from_utf8(r.bytes()?.to_vec()).map_err(|_| corrupt("client id is not UTF-8"));
+    let (first, clients) = if r.peek_u8()? == SHARED {
+        r.u8()?;
+        let first = r.u64()?;
+        let count = r.u64()?;
+        if count == 0 || first.checked_add(count - 1) != Some(last) {
+            return Err(corrupt("sequence numbers do not match the record's key"));
+        }
+        let clients = (0..count).map(|_| client_id(&mut r)).collect::<Result<Vec<_>, _>>()?;
+        (first, clients)
+    } else {
+        (last, vec![client_id(&mut r)?])
+    };
+    let key = Bytes::copy_from_slice(r.bytes()?);
     let version = r.hlc()?;
     let notification = match r.u8()? {
-        1 => Notification::Set { value: r.bytes()?.to_vec() },
+        1 => Notification::Set { value: Bytes::copy_from_slice(r.bytes()?) },
         0 => Notification::Delete,
         _ => return Err(corrupt("bad notification kind")),
     };
     r.finish()?;
-    Ok(OutboxEntry { seq, notification: KeyNotification { client_id, key, notification, version } })
+    Ok(Change { first, clients, key, notification, version })
 }
 
-/// Up to `limit` unconfirmed notifications with `seq > after` (all when `after` is `None`), in order.
+/// Unconfirmed notifications with `seq > after` (all when `after` is `None`), in order, from at
+/// most `limit` changes; fewer than `limit` entries means there are no more.
 pub fn pending_notifications(
     store: &(impl StorageRead + ?Sized),
     after: Option<u64>,
     limit: usize,
 ) -> Result<Vec<OutboxEntry>, StorageError> {
-    let after = after.map(|seq| timed_key(seq, &[]));
-    store.scan(Table::Outbox, &[], after.as_deref(), limit)?.iter().map(|(k, v)| decode_outbox(k, v)).collect()
+    // Records are keyed by their last sequence number: the first record past `after` is the one
+    // that holds `after + 1`.
+    let from = after.map(|seq| timed_key(seq, &[]));
+    let mut entries = Vec::new();
+    for (seq_key, bytes) in store.scan(Table::Outbox, &[], from.as_deref(), limit)? {
+        let change = decode_change(&seq_key, &bytes)?;
+        entries.extend(change.entries().filter(|entry| after.is_none_or(|after| entry.seq > after)));
+    }
+    Ok(entries)
 }
 
-/// Drops confirmed notifications up to and including `through`; returns how many.
+/// Drops the records whose notifications are all confirmed (sequence numbers up to and
+/// including `through`); returns how many notifications they held.
 pub(crate) fn confirm(txn: &mut impl Txn, through: u64) -> Result<u64, StorageError> {
     let (mut pages, mut removed) = (Pages::new(Table::Outbox, &[]), 0);
     loop {
@@ -201,12 +329,12 @@ pub(crate) fn confirm(txn: &mut impl Txn, through: u64) -> Result<u64, StorageEr
         if page.is_empty() {
             return Ok(removed);
         }
-        for (seq_key, _) in page {
+        for (seq_key, bytes) in page {
             if split_timed_key(Table::Outbox, &seq_key)?.0 > through {
                 return Ok(removed);
             }
+            removed += notifications_in(&bytes)?;
             txn.delete(Table::Outbox, seq_key);
-            removed += 1;
         }
     }
 }

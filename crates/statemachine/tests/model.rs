@@ -96,6 +96,9 @@ struct Model {
     clock: u64,
     dedup: HashMap<RequestIdentity, (Reply, u64)>,
     outbox: BTreeMap<u64, Note>,
+    /// The sequence numbers of each change's notifications, by the last of them: the outbox
+    /// drops a change only once all of them are confirmed.
+    changes: BTreeMap<u64, Vec<u64>>,
     next_seq: u64,
 }
 
@@ -109,11 +112,16 @@ impl Model {
 
     fn notify(&mut self, key: &[u8], notification: Notification, version: &Hlc, out: &mut Vec<Note>) {
         let clients: Vec<String> = self.watchers.iter().filter(|(k, _)| k == key).map(|(_, c)| c.clone()).collect();
+        let mut seqs = Vec::new();
         for client in clients {
             let note = (client, key.to_vec(), notification.clone(), version.clone());
             self.outbox.insert(self.next_seq, note.clone());
+            seqs.push(self.next_seq);
             self.next_seq += 1;
             out.push(note);
+        }
+        if let Some(&last) = seqs.last() {
+            self.changes.insert(last, seqs);
         }
     }
 
@@ -183,7 +191,7 @@ impl Model {
                     set.key.clone(),
                     KeyState { value: set.value.clone(), version: version.clone(), token, expires_at },
                 );
-                self.notify(&set.key, Notification::Set { value: set.value.clone() }, &version, out);
+                self.notify(&set.key, Notification::Set { value: set.value.clone().into() }, &version, out);
                 Ok(Reply::new(Response::Ok, Some(version)))
             }
             Command::Get(get) => {
@@ -253,7 +261,8 @@ impl Model {
                 Reply::new(Response::Int((before - self.watchers.len()) as i64), None)
             }
             Operation::ConfirmNotifications { through } => {
-                let confirmed: Vec<u64> = self.outbox.range(..=*through).map(|(s, _)| *s).collect();
+                let lasts: Vec<u64> = self.changes.range(..=*through).map(|(last, _)| *last).collect();
+                let confirmed: Vec<u64> = lasts.iter().flat_map(|last| self.changes.remove(last).unwrap()).collect();
                 for seq in &confirmed {
                     self.outbox.remove(seq);
                 }
@@ -270,7 +279,7 @@ fn notes(applied: &Applied) -> Vec<Note> {
         .iter()
         .map(|e| {
             let n = &e.notification;
-            (n.client_id.clone(), n.key.clone(), n.notification.clone(), n.version.clone())
+            (n.client_id.clone(), n.key.to_vec(), n.notification.clone(), n.version.clone())
         })
         .collect()
 }

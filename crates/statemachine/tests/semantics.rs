@@ -290,7 +290,7 @@ fn px_zero_writes_a_key_that_is_already_expired() {
     watched(&h.send(&mut c, watch("k"), None));
     let applied = h.send(&mut c, set_px("k", "v", 0), None);
     let v = ok(&applied);
-    assert_eq!(notified(&applied)[0].notification, Notification::Set { value: b"v".to_vec() });
+    assert_eq!(notified(&applied)[0].notification, Notification::Set { value: b"v".to_vec().into() });
     assert_eq!(h.read(get("k")).response, Response::Nil);
     assert_eq!(h.machine_due(), vec![b"k".to_vec()]);
     let expired = h.apply(Operation::Expire { key: b"k".to_vec(), version: v });
@@ -333,7 +333,7 @@ fn a_write_to_an_expired_key_first_reports_the_expiry() {
     let n = notified(&applied);
     assert_eq!(
         n.iter().map(|n| n.notification.clone()).collect::<Vec<_>>(),
-        vec![Notification::Delete, Notification::Set { value: b"new".to_vec() }]
+        vec![Notification::Delete, Notification::Set { value: b"new".to_vec().into() }]
     );
     assert!(n[0].version < n[1].version);
 }
@@ -375,7 +375,7 @@ fn a_set_notifies_once_with_the_value_and_the_sets_version() {
     let n = notified(&applied);
     assert_eq!(n.len(), 1, "a repeated KEYNOTIFY must not duplicate notifications");
     assert_eq!(n[0].client_id, "client-1");
-    assert_eq!(n[0].notification, Notification::Set { value: b"value1".to_vec() });
+    assert_eq!(n[0].notification, Notification::Set { value: b"value1".to_vec().into() });
     assert_eq!(n[0].version, v);
     assert_eq!(
         n[0].topic().unwrap(),
@@ -431,9 +431,9 @@ fn notifications_follow_registration_in_order() {
     assert_eq!(
         seen,
         vec![
-            Notification::Set { value: b"v2".to_vec() },
+            Notification::Set { value: b"v2".to_vec().into() },
             Notification::Delete,
-            Notification::Set { value: b"v3".to_vec() },
+            Notification::Set { value: b"v3".to_vec().into() },
         ]
     );
 }
@@ -614,4 +614,65 @@ fn large_registration_drops_and_confirmations_cross_many_pages() {
     assert_eq!(pending_notifications(&h.store, None, 10_000).unwrap().len(), 50);
     assert_eq!(int(&h.apply(Operation::DropRegistrations { client_id: "c".into() })), 600);
     assert!(h.send(&mut c, set("k1", "w"), None).notifications.is_empty());
+}
+
+#[test]
+fn registrations_beyond_a_clients_quota_or_the_total_are_refused() {
+    use statestore_statemachine::RegistrationLimits;
+    let registrations = RegistrationLimits { total: 5, per_client: 3 };
+    let config = statestore_statemachine::Config { registrations, ..Default::default() };
+    let (mut h, mut a, mut b) = (Harness::with_config(config), Client::new("a"), Client::new("b"));
+    for key in ["k1", "k2", "k3"] {
+        watched(&h.send(&mut a, watch(key), None));
+    }
+    assert_eq!(error(&h.send(&mut a, watch("k4"), None)), StoreError::QuotaExceeded, "a's own quota");
+    watched(&h.send(&mut a, watch("k1"), None));
+    watched(&h.send(&mut b, watch("k1"), None));
+    watched(&h.send(&mut b, watch("k2"), None));
+    assert_eq!(error(&h.send(&mut b, watch("k3"), None)), StoreError::QuotaExceeded, "the total");
+    // A STOP frees a place for its client and in the total; dropping a client frees all of its.
+    assert_eq!(h.send(&mut a, stop("k1"), None).reply.response, Response::Ok);
+    watched(&h.send(&mut a, watch("k4"), None));
+    assert_eq!(int(&h.apply(Operation::DropRegistrations { client_id: "a".into() })), 3);
+    for key in ["k5", "k6", "k7"] {
+        watched(&h.send(&mut a, watch(key), None));
+    }
+    assert_eq!(error(&h.send(&mut b, watch("k9"), None)), StoreError::QuotaExceeded);
+    assert_eq!(notified(&h.send(&mut b, set("k1", "v"), None)).len(), 1, "a refused registration notifies nobody");
+}
+
+#[test]
+fn one_change_seen_by_many_watchers_is_stored_once_and_shared() {
+    use statestore_statemachine::watch::pending_notifications;
+    use statestore_statemachine::{StorageRead, Table};
+    const WATCHERS: usize = 200;
+    let mut h = Harness::new();
+    let mut clients: Vec<Client> = (0..WATCHERS).map(|i| Client::new(&format!("watcher-{i:03}"))).collect();
+    for client in &mut clients {
+        watched(&h.send(client, watch("k"), None));
+    }
+    let value = "x".repeat(256 << 10);
+    let applied = h.send(&mut clients[0], set("k", &value), None);
+    let outbox_bytes: usize =
+        h.store.scan(Table::Outbox, &[], None, usize::MAX).unwrap().iter().map(|(k, v)| k.len() + v.len()).sum();
+    assert!(outbox_bytes < value.len() + 64 * WATCHERS, "{outbox_bytes} bytes stored for one change");
+    assert_eq!(applied.notifications.len(), WATCHERS);
+    let values: Vec<_> = applied
+        .notifications
+        .iter()
+        .map(|e| match &e.notification.notification {
+            Notification::Set { value } => value.as_ptr(),
+            Notification::Delete => panic!("a SET notifies SET"),
+        })
+        .collect();
+    assert!(values.iter().all(|v| *v == values[0]), "every watcher's notification shares one value");
+    let pending = pending_notifications(&h.store, None, 10).unwrap();
+    assert_eq!(pending, applied.notifications, "read back from the outbox, one entry per watcher");
+    let first = applied.notifications[0].seq;
+    // Confirming part of a change keeps the rest of it pending.
+    assert_eq!(int(&h.apply(Operation::ConfirmNotifications { through: first + 10 })), 0);
+    assert_eq!(pending_notifications(&h.store, Some(first + 10), 10).unwrap(), applied.notifications[11..]);
+    let last = first + WATCHERS as u64 - 1;
+    assert_eq!(int(&h.apply(Operation::ConfirmNotifications { through: last })), WATCHERS as i64);
+    assert!(pending_notifications(&h.store, None, 10).unwrap().is_empty());
 }

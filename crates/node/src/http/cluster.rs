@@ -17,6 +17,7 @@ use statestore_raft::types::RaftMetrics;
 use statestore_raft::NodeId;
 
 use super::ApiError;
+use crate::clock_watch::ClockVerdict;
 use crate::node::{forward, ExecuteError, Node};
 
 /// How long `POST /cluster/learners` waits for the learner to catch up unless told otherwise.
@@ -277,6 +278,22 @@ async fn wait_matched(node: &Node, id: NodeId, index: u64, deadline: Duration) -
     tokio::time::timeout(deadline, reached).await.unwrap_or(false)
 }
 
+/// Waits up to `deadline` until this node has applied up to `index`; false if it has not.
+async fn applies_up_to(node: &Node, index: u64, deadline: Duration) -> bool {
+    let mut metrics = node.raft.metrics();
+    let reached = async {
+        loop {
+            if metrics.borrow_and_update().last_applied.is_some_and(|applied| applied.index >= index) {
+                return true;
+            }
+            if metrics.changed().await.is_err() {
+                return false;
+            }
+        }
+    };
+    index == 0 || tokio::time::timeout(deadline, reached).await.unwrap_or(false)
+}
+
 /// `GET /health`: the process is alive and Raft is running.
 pub async fn health(State(node): State<Arc<Node>>) -> Response {
     let running = node.raft.metrics().borrow().running_state.is_ok();
@@ -288,34 +305,52 @@ pub async fn health(State(node): State<Arc<Node>>) -> Response {
 }
 
 /// `GET /ready`: this node is a member, knows a leader, has applied everything it knows to be
-/// committed, is connected to its broker, and, when it leads, still reaches a quorum; when it
-/// follows, it heard from the leader within two leases.
+/// committed (or gets there within a lease), is connected to its broker, its clock agrees with
+/// its leader's (or, leading, with most voters'), and, when it leads, still reaches a quorum;
+/// when it follows, it heard from the leader within two leases.
 pub async fn ready(State(node): State<Arc<Node>>) -> Response {
     let status = cluster_status(&node);
     let member = status.voters.iter().chain(&status.learners).any(|m| m.id == node.id);
     let reason = if !member {
-        Some("this node is not a member of the cluster")
+        Some("this node is not a member of the cluster".to_string())
     } else if status.leader.is_none() {
-        Some("no leader is known")
-    } else if status.applied_index < status.committed_index {
-        Some("catching up: applied index is behind the committed index")
+        Some("no leader is known".to_string())
+    } else if !applies_up_to(&node, status.committed_index, node.elector.lease()).await {
+        // Under load the applied index trails the committed one for the moment an apply takes;
+        // only a node that does not get there within a lease is catching up.
+        Some("catching up: applied index is behind the committed index".to_string())
     } else if node.broker_connected.get().is_some_and(|connected| !*connected.borrow()) {
-        Some("not connected to the MQTT broker")
+        Some("not connected to the MQTT broker".to_string())
+    } else if let Some(why) = clock_problem(&node, &status) {
+        Some(why)
     } else if status.role != "leader" && !hears_the_leader(&node).await {
         // A follower cut off from the others still names the leader it last heard and has
         // applied all it knows to be committed; with the pre-vote it no longer raises its term
         // either, so silence is what tells it is behind.
-        Some("no word from the leader for longer than two leases")
+        Some("no word from the leader for longer than two leases".to_string())
     } else if status.role == "leader" && !leads_a_quorum(&node).await {
         // A leader cut off from the others still believes it leads until it hears a higher
         // term; it cannot serve anything, so it is not ready.
-        Some("the leader cannot reach a quorum")
+        Some("the leader cannot reach a quorum".to_string())
     } else {
         None
     };
     match reason {
         None => (StatusCode::OK, Json(serde_json::json!({"status": "ready"}))).into_response(),
         Some(reason) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", reason).into_response(),
+    }
+}
+
+/// Why this node's clock keeps it from serving, if it does: as a follower, beyond the bound from
+/// its leader's; as the leader, at odds with most voters' clocks (`clock_watch`).
+fn clock_problem(node: &Node, status: &ClusterStatus) -> Option<String> {
+    if status.role == "leader" {
+        match node.clock_check.verdict() {
+            ClockVerdict::Disagrees(why) => Some(why),
+            ClockVerdict::Agrees | ClockVerdict::Unknown => None,
+        }
+    } else {
+        node.clock_check.off_from_leader()
     }
 }
 

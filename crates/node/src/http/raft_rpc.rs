@@ -5,14 +5,31 @@ use std::future::Future;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use statestore_raft::clocks::{wall_clock_ms, CLOCK_HEADER, FROM_HEADER};
 use statestore_raft::wire::{decode, encode, CONTENT_TYPE};
 
 use crate::node::Node;
+
+/// Notes the sender's clock of every Raft request, and answers with this node's.
+pub async fn exchange_clocks(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let from = headers.get(FROM_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let clock = headers.get(CLOCK_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if let (Some(from), Some(wall_clock_ms)) = (from, clock) {
+        node.clock_check.clocks.observe(from, wall_clock_ms);
+    }
+    let mut response = next.run(request).await;
+    if let Ok(value) = HeaderValue::from_str(&wall_clock_ms().to_string()) {
+        response.headers_mut().insert(CLOCK_HEADER, value);
+    }
+    response
+}
 
 async fn rpc<Req, Resp, Fut>(body: Bytes, call: impl FnOnce(Req) -> Fut) -> Response
 where

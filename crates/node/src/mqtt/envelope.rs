@@ -6,8 +6,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
-use statestore_protocol::topic::{check_response_topic, client_id_from_response_topic, ResponseTopicProblem};
-use statestore_protocol::{Hlc, Request, StoreError};
+use statestore_protocol::topic::{
+    check_response_topic, client_id_from_response_topic, hex_upper, ResponseTopicProblem,
+};
+use statestore_protocol::{Command, Hlc, Request, StoreError};
 use statestore_statemachine::{ClientRequest, RequestIdentity};
 
 /// The content type of every response and notification.
@@ -87,10 +89,8 @@ impl Inbound {
         let response_topic =
             check_response_topic(properties.response_topic.as_deref()).map_err(DropReason::ResponseTopic)?.to_string();
         let user = |name: &str| properties.user_properties.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
-        let client_id = user("__srcId")
-            .filter(|id| !id.is_empty())
-            .or_else(|| client_id_from_response_topic(&response_topic))
-            .map(str::to_string);
+        let src_id = user("__srcId").filter(|id| !id.is_empty());
+        let client_id = src_id.or_else(|| client_id_from_response_topic(&response_topic)).map(str::to_string);
         let message_expiry_secs = properties.message_expiry_interval;
         let deadline = message_expiry_secs.map(|secs| received + Duration::from_secs(u64::from(secs)));
         let correlation_data = properties.correlation_data.clone().filter(|data| !data.is_empty());
@@ -100,11 +100,23 @@ impl Inbound {
             Body::Invalid(StoreError::MissingCorrelationData)
         } else {
             match Request::parse(&publish.payload, user("__ts"), user("__ft")) {
+                // Registrations belong to the client id: one that disagrees with the response
+                // topic, which the broker's ACLs can tie to the publisher, is not taken on trust.
+                Ok(request)
+                    if matches!(request.command, Command::KeyNotify(_)) && !src_id_matches(src_id, &response_topic) =>
+                {
+                    Body::Invalid(StoreError::ClientIdMismatch)
+                }
                 Ok(request) => Body::Command(request),
                 Err(error) => Body::Invalid(error),
             }
         };
         Ok(Inbound { response_topic, correlation_data, client_id, message_expiry_secs, deadline, body })
+    }
+
+    /// The key under which this request counts against its client's in-flight limit.
+    pub fn client_key(&self) -> &str {
+        self.client_id.as_deref().unwrap_or(&self.response_topic)
     }
 
     /// The request as it goes into the log: with the client id and the dedup identity.
@@ -166,6 +178,15 @@ impl Inbound {
     }
 }
 
+/// Whether `__srcId` agrees with the `clients/{id}/` of the response topic: the same id, or its
+/// upper-case hex form (the Go SDK's response topics). True when either is absent.
+fn src_id_matches(src_id: Option<&str>, response_topic: &str) -> bool {
+    match (src_id, client_id_from_response_topic(response_topic)) {
+        (Some(src_id), Some(topic_id)) => topic_id == src_id || topic_id == hex_upper(src_id.as_bytes()),
+        _ => true,
+    }
+}
+
 /// Absent means 1.0; otherwise `<major>.<minor>` with major 1.
 fn supported_version(version: &str) -> bool {
     match version.split_once('.') {
@@ -180,7 +201,7 @@ fn supported_version(version: &str) -> bool {
 mod tests {
     use super::*;
     use statestore_protocol::topic::REQUEST_TOPIC;
-    use statestore_protocol::{Command, Set};
+    use statestore_protocol::{KeyNotify, Set};
 
     const RESPONSE: &str =
         "clients/c1/services/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response";
@@ -283,6 +304,30 @@ mod tests {
             Inbound::classify(&publish, Delivered::AsPublished, Instant::now()).unwrap().client_id.as_deref(),
             Some("c1")
         );
+    }
+
+    #[test]
+    fn a_keynotify_whose_src_id_disagrees_with_its_response_topic_is_refused() {
+        let keynotify = Command::KeyNotify(KeyNotify { key: b"k".to_vec(), stop: false }).encode();
+        let with_src_id = |src_id: &str, payload: &[u8]| {
+            let publish = request(payload, QoS::AtLeastOnce, |p| {
+                p.user_properties.retain(|(k, _)| k != "__srcId");
+                p.user_properties.push(("__srcId".into(), src_id.into()));
+            });
+            Inbound::classify(&publish, Delivered::AsPublished, Instant::now()).unwrap().body
+        };
+        assert_eq!(with_src_id("victim", &keynotify), Body::Invalid(StoreError::ClientIdMismatch));
+        assert!(matches!(with_src_id("c1", &keynotify), Body::Command(_)));
+        // The Go SDK's response topics carry the upper-case hex form of the client id.
+        let go = request(&keynotify, QoS::AtLeastOnce, |p| {
+            p.response_topic = Some(RESPONSE.replace("clients/c1/", "clients/6331/"));
+        });
+        assert!(matches!(
+            Inbound::classify(&go, Delivered::AsPublished, Instant::now()).unwrap().body,
+            Body::Command(_)
+        ));
+        // Only registrations depend on the client id; other commands are not refused.
+        assert!(matches!(with_src_id("victim", &set_payload()), Body::Command(_)));
     }
 
     #[test]

@@ -27,13 +27,14 @@ pub mod metrics;
 pub mod notifier;
 pub mod shadow;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5::Publish;
-use statestore_protocol::Response;
+use statestore_protocol::{Response, StoreError};
 use statestore_statemachine::{Entry, Operation, Reply};
 use tokio::sync::{mpsc, watch};
 
@@ -72,6 +73,45 @@ pub struct FrontEnd {
     /// Mirrors the node's leadership in dispatch order.
     leading: AtomicBool,
     dispatch: mpsc::UnboundedSender<Dispatch>,
+    /// Requests each client has in flight at this leader, and the most one may have.
+    in_flight: ClientSlots,
+}
+
+/// Requests in flight per client ([`Inbound::client_key`]), each held by a [`ClientSlot`].
+struct ClientSlots {
+    counts: Arc<Mutex<HashMap<String, usize>>>,
+    limit: usize,
+}
+
+impl ClientSlots {
+    /// A slot for `client`, unless it already holds `limit`.
+    fn take(&self, client: &str) -> Option<ClientSlot> {
+        let mut counts = self.counts.lock().unwrap();
+        let count = counts.entry(client.to_string()).or_insert(0);
+        if *count >= self.limit {
+            return None;
+        }
+        *count += 1;
+        Some(ClientSlot { counts: self.counts.clone(), client: client.to_string() })
+    }
+}
+
+/// One request's place in its client's in-flight count; given back when dropped.
+struct ClientSlot {
+    counts: Arc<Mutex<HashMap<String, usize>>>,
+    client: String,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(count) = counts.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.client);
+            }
+        }
+    }
 }
 
 impl FrontEnd {
@@ -82,21 +122,23 @@ impl FrontEnd {
         let connection = connection::start(config, request_sink(&dispatch_tx), metrics.clone())?;
         node.follow_broker(connection.connected.clone());
         let sessions = connection.sessions.clone();
-        FrontEnd::launch(node, Arc::new(connection), sessions, metrics, dispatch_tx, dispatch_rx)
+        let channels = (dispatch_tx, dispatch_rx);
+        FrontEnd::launch(node, Arc::new(connection), sessions, metrics, usize::from(config.client_inflight), channels)
     }
 
     /// Starts a front end on any `link`. Received requests are handed to the returned sink, in
     /// order; a new value of `sessions` means publishes of the previous broker session may be
-    /// lost.
+    /// lost. One client may have at most `client_inflight` requests in flight.
     pub fn with_link(
         node: Arc<Node>,
         link: Arc<dyn Link>,
         sessions: watch::Receiver<u64>,
+        client_inflight: usize,
     ) -> anyhow::Result<(Arc<FrontEnd>, RequestSink)> {
         let metrics = FrontEndMetrics::register(&node.metrics.registry)?;
         let (dispatch_tx, dispatch_rx) = mpsc::unbounded_channel();
         let requests = request_sink(&dispatch_tx);
-        let front = FrontEnd::launch(node, link, sessions, metrics, dispatch_tx, dispatch_rx)?;
+        let front = FrontEnd::launch(node, link, sessions, metrics, client_inflight, (dispatch_tx, dispatch_rx))?;
         Ok((front, requests))
     }
 
@@ -105,8 +147,8 @@ impl FrontEnd {
         link: Arc<dyn Link>,
         sessions: watch::Receiver<u64>,
         metrics: FrontEndMetrics,
-        dispatch_tx: mpsc::UnboundedSender<Dispatch>,
-        dispatch_rx: mpsc::UnboundedReceiver<Dispatch>,
+        client_inflight: usize,
+        (dispatch_tx, dispatch_rx): (mpsc::UnboundedSender<Dispatch>, mpsc::UnboundedReceiver<Dispatch>),
     ) -> anyhow::Result<Arc<FrontEnd>> {
         let notifier = Arc::new(Notifier::new(node.reader.clone(), link.clone(), metrics.clone(), node.leader.clone()));
         let front = Arc::new(FrontEnd {
@@ -117,6 +159,7 @@ impl FrontEnd {
             shadow: Mutex::new(Shadow::new(SHADOW_CAPACITY)),
             leading: AtomicBool::new(false),
             dispatch: dispatch_tx,
+            in_flight: ClientSlots { counts: Arc::default(), limit: client_inflight },
         });
         node.leader.attach_sink(notifier)?;
         tokio::spawn(front.clone().dispatcher(dispatch_rx));
@@ -149,6 +192,9 @@ impl FrontEnd {
                         }),
                     }
                 }
+                // While this node hands leadership over it refuses new work: keep the request
+                // as a follower would, for the next leader (or for this node, should it lead on).
+                Dispatch::Retry(request) if self.node.pipeline.refusing() => self.follow(*request),
                 Dispatch::Retry(request) => self.place(*request),
                 Dispatch::Gained => {
                     self.leading.store(true, Ordering::Release);
@@ -246,10 +292,20 @@ impl FrontEnd {
             }
             Body::Command(command_request) => (command_request, command_request.command.is_read()),
         };
+        let Some(slot) = self.in_flight.take(request.inbound.client_key()) else {
+            self.respond(
+                &request,
+                200,
+                Reply::error(StoreError::TooManyRequestsInFlight),
+                command_request.command.verb(),
+            );
+            self.ack(&request);
+            return;
+        };
         if is_read {
             // The pipeline answers it after every write submitted before it is applied.
             let work = Work::Read(command_request.clone());
-            self.submit(work, Box::new(request));
+            self.submit(work, Box::new(request), slot);
             return;
         }
         // A broker redelivery was most likely applied already: answer it without a log entry.
@@ -273,7 +329,7 @@ impl FrontEnd {
         let Some(client_request) = request.inbound.client_request() else { return };
         let wall_clock_ms = proposal_clock(command_request, now_ms());
         let entry = Entry { operation: Operation::Request(client_request), wall_clock_ms };
-        self.submit(Work::Write(entry), Box::new(request));
+        self.submit(Work::Write(entry), Box::new(request), slot);
     }
 
     /// Answers a write the old leader applied, from the dedup table, without a log entry; one
@@ -296,11 +352,12 @@ impl FrontEnd {
     /// Hands `work` to the node's pipeline and answers `request` with its outcome. What did not
     /// complete here goes back to the dispatcher, which shadows it (another node leads) or
     /// submits it again (the dedup table makes that safe).
-    fn submit(self: &Arc<Self>, work: Work, request: Box<Shadowed>) {
+    fn submit(self: &Arc<Self>, work: Work, request: Box<Shadowed>, slot: ClientSlot) {
         let front = self.clone();
         self.node.pipeline.submit(
             work,
             Box::new(move |outcome| {
+                drop(slot);
                 let reply = match outcome {
                     Ok(Outcome::Written(applied)) => {
                         if applied.deduplicated {
@@ -400,6 +457,11 @@ impl FrontEnd {
             }
             for request in &settled.forgotten {
                 self.ack(request);
+            }
+            // A leader that handed over and then led on (nobody took over) serves again what
+            // it kept meanwhile.
+            if self.is_leading() && !self.node.pipeline.refusing() && !self.shadow.lock().unwrap().is_empty() {
+                let _ = self.dispatch.send(Dispatch::Gained);
             }
         }
     }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5::PublishProperties;
+use statestore_protocol::Notification;
 use statestore_raft::StateReader;
 use statestore_statemachine::OutboxEntry;
 use tokio::sync::oneshot;
@@ -92,8 +93,19 @@ impl NotificationSink for Notifier {
                     return;
                 }
             };
+            // The watchers of one change share its value: encode it once for all of them.
+            let mut encoded: Option<(Notification, Bytes)> = None;
             for entry in &page {
-                self.publish(&mut state, entry);
+                let notification = &entry.notification.notification;
+                let payload = match &encoded {
+                    Some((cached, payload)) if same_payload(cached, notification) => payload.clone(),
+                    _ => {
+                        let payload = Bytes::from(notification.encode());
+                        encoded = Some((notification.clone(), payload.clone()));
+                        payload
+                    }
+                };
+                self.publish(&mut state, entry, payload);
             }
             if page.len() < PAGE {
                 return;
@@ -103,7 +115,7 @@ impl NotificationSink for Notifier {
 }
 
 impl Notifier {
-    fn publish(&self, state: &mut State, entry: &OutboxEntry) {
+    fn publish(&self, state: &mut State, entry: &OutboxEntry, payload: Bytes) {
         state.published = Some(entry.seq);
         let notification = &entry.notification;
         let Some(topic) = notification.topic() else {
@@ -122,7 +134,6 @@ impl Notifier {
         };
         let (delivery_tx, delivery_rx) = oneshot::channel();
         state.outstanding.insert(entry.seq, false);
-        let payload = Bytes::from(notification.notification.encode());
         self.link.publish(Outbound { topic, payload, properties, delivery: Some(delivery_tx) });
         let (seq, epoch, client_id) = (entry.seq, state.epoch, notification.client_id.clone());
         let shared = self.state.clone();
@@ -151,6 +162,17 @@ impl Notifier {
                 settle(&mut state, seq);
             }
         });
+    }
+}
+
+/// Whether two notifications are the same one, shared (the same buffer), without comparing values.
+fn same_payload(a: &Notification, b: &Notification) -> bool {
+    match (a, b) {
+        (Notification::Set { value: a }, Notification::Set { value: b }) => {
+            a.as_ptr() == b.as_ptr() && a.len() == b.len()
+        }
+        (Notification::Delete, Notification::Delete) => true,
+        _ => false,
     }
 }
 

@@ -44,6 +44,8 @@ pub struct NodeProcess {
     pub initial_members: Option<String>,
     /// Flags of this node only, after the cluster's.
     pub args: Vec<String>,
+    /// Environment variables of this node only (the rest is cleared but for PATH).
+    pub env: Vec<(String, String)>,
 }
 
 impl NodeProcess {
@@ -114,7 +116,10 @@ impl Cluster {
     fn add_process(&mut self, id: u64, port: u16, initial_members: Option<String>) {
         let data_dir = self.dir.path().join(format!("node-{id}"));
         let log = self.dir.path().join(format!("node-{id}.log"));
-        self.nodes.insert(id, NodeProcess { id, port, data_dir, log, child: None, initial_members, args: Vec::new() });
+        self.nodes.insert(
+            id,
+            NodeProcess { id, port, data_dir, log, child: None, initial_members, args: Vec::new(), env: Vec::new() },
+        );
     }
 
     /// Adds a node that is not an initial member (to join as a learner) and starts it.
@@ -143,6 +148,7 @@ impl Cluster {
             .args(&node.args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(node.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);

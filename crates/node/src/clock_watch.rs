@@ -1,0 +1,127 @@
+//! Leadership follows the clocks.
+//!
+//! The state machine judges expiry and dedup retention by the clock the leader stamps on each
+//! log entry, and that clock never goes back: a leader whose wall clock runs 30 s fast would
+//! expire keys and dedup records 30 s early on every node, for good. So a node's clock is
+//! compared with its peers' on every Raft message ([`statestore_raft::clocks`]), and:
+//!
+//! - A follower whose clock is more than `--max-clock-offset-ms` away from its leader's is not
+//!   ready (`GET /ready`).
+//! - A candidate whose clock disagrees with most voters' does not stand (the elector checks
+//!   after its pre-vote).
+//! - A leader proposes nothing while its clock disagrees with most voters' ([`ClockCheck`] in
+//!   the pipeline), and then hands leadership over: it stops its heartbeats and refuses new
+//!   work, the others elect one of themselves, and it follows. A leader that does not yet know
+//!   the clocks of a majority (it has just been elected) waits for one heartbeat round before
+//!   its first proposal.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::ServerState;
+use statestore_raft::{NodeId, PeerClocks, Raft};
+
+use crate::node::Node;
+
+/// What [`ClockCheck::verdict`] says about this node's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClockVerdict {
+    /// It agrees with at least half of a majority of voters whose clocks are known.
+    Agrees,
+    /// Too few voters' clocks are known yet to tell.
+    Unknown,
+    /// It disagrees with most voters' clocks; why, for logs and answers.
+    Disagrees(String),
+}
+
+/// Compares this node's clock with the voters'. Cheap to clone.
+#[derive(Clone)]
+pub struct ClockCheck {
+    pub id: NodeId,
+    pub raft: Raft,
+    pub clocks: PeerClocks,
+}
+
+impl ClockCheck {
+    pub fn verdict(&self) -> ClockVerdict {
+        let voters: Vec<NodeId> = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            metrics.membership_config.membership().voter_ids().collect()
+        };
+        let agreement = self.clocks.agreement(self.id, voters.iter().copied());
+        if !agreement.holds() {
+            let (peer, offset_ms) = agreement.furthest.unwrap_or_default();
+            return ClockVerdict::Disagrees(format!(
+                "node {}'s clock disagrees with {} of the {} voter clocks it knows (node {peer}'s is {}); the bound is {} ms (--max-clock-offset-ms)",
+                self.id,
+                agreement.known - agreement.agreeing,
+                agreement.known,
+                describe_offset(offset_ms),
+                self.clocks.bound().as_millis()
+            ));
+        }
+        if 2 * agreement.known <= voters.len() {
+            return ClockVerdict::Unknown;
+        }
+        ClockVerdict::Agrees
+    }
+
+    /// Why this follower is not ready, if its clock is beyond the bound from its leader's.
+    pub fn off_from_leader(&self) -> Option<String> {
+        let leader = self.raft.metrics().borrow().current_leader?;
+        if leader == self.id {
+            return None;
+        }
+        let offset_ms = self.clocks.offset_ms(leader)?;
+        (!self.clocks.agrees(offset_ms)).then(|| {
+            format!(
+                "the leader's clock (node {leader}) is {} this node's; the bound is {} ms (--max-clock-offset-ms)",
+                describe_offset(offset_ms),
+                self.clocks.bound().as_millis()
+            )
+        })
+    }
+}
+
+/// "1200 ms ahead of" / "30000 ms behind".
+fn describe_offset(offset_ms: i64) -> String {
+    if offset_ms >= 0 {
+        format!("{offset_ms} ms ahead of")
+    } else {
+        format!("{} ms behind", -offset_ms)
+    }
+}
+
+/// Hands leadership over while this node leads with a clock that disagrees with most voters'.
+pub(crate) async fn follow_clocks(node: Arc<Node>, check: ClockCheck, every: Duration) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut handing_over = false;
+    loop {
+        ticks.tick().await;
+        let state = node.raft.metrics().borrow().state;
+        if state == ServerState::Shutdown {
+            return;
+        }
+        let leads = state == ServerState::Leader;
+        match (handing_over, leads, check.verdict()) {
+            (false, true, ClockVerdict::Disagrees(why)) => {
+                tracing::warn!(why, "handing leadership over: this node's clock disagrees with the others'");
+                node.hand_over(why);
+                handing_over = true;
+            }
+            (true, false, _) => {
+                tracing::info!("another node leads now; following it");
+                node.resume_serving();
+                handing_over = false;
+            }
+            (true, true, ClockVerdict::Agrees | ClockVerdict::Unknown) => {
+                tracing::info!("this node's clock agrees with the others' again: leading on");
+                node.resume_serving();
+                handing_over = false;
+            }
+            _ => {}
+        }
+    }
+}
