@@ -14,6 +14,8 @@
 //!   not stand for election, and a leader without it hands leadership over.
 //! - [`clock_watch`]: leadership follows the clocks: a leader whose wall clock disagrees with
 //!   most voters' proposes nothing and hands leadership over.
+//! - `enrollment`: the leader names the cluster once and enrolls each member's storage
+//!   incarnation (checked on every Raft message, `statestore_raft::identity`).
 //! - [`http`]: the axum server — Raft RPC, the cluster API, health, readiness, metrics, commands.
 //! - [`metrics`]: the Prometheus registry and Raft gauges.
 //! - [`mqtt`]: the MQTT5 front end — an adapter from the broker to the pipeline: the state
@@ -23,6 +25,7 @@
 mod broker_watch;
 pub mod clock_watch;
 pub mod config;
+mod enrollment;
 pub mod http;
 pub mod leader;
 pub mod metrics;

@@ -9,8 +9,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use openraft::error::{ForwardToLeader, InitializeError, RaftError};
 use openraft::{BasicNode, SnapshotPolicy};
 use statestore_protocol::Request;
+use statestore_raft::network::PeerChecks;
 use statestore_raft::{
-    Elector, NetworkFactory, Node as RaftNode, NodeId, PeerClocks, Raft, StateReader, StorageMetrics,
+    Elector, NetworkFactory, Node as RaftNode, NodeId, PeerClocks, PeerIdentity, Raft, StateReader, StorageMetrics,
 };
 use statestore_statemachine::{Applied, ClientRequest, Config as MachineConfig, Entry, Operation, Reply};
 
@@ -97,6 +98,8 @@ pub struct Node {
     pub cluster_secret: Option<crate::config::ClusterSecret>,
     /// This node's clock against its peers', as their Raft messages show them.
     pub clock_check: ClockCheck,
+    /// The cluster's name and each member's storage incarnation, checked on every Raft message.
+    pub identity: PeerIdentity,
 }
 
 impl Node {
@@ -123,9 +126,11 @@ impl Node {
         let raft_config = Arc::new(raft_config.validate()?);
         let authorization = config.cluster_secret.as_ref().map(|secret| secret.authorization());
         let clocks = PeerClocks::new(config.max_clock_offset);
+        let identity = PeerIdentity::new(config.id, storage.incarnation.clone(), storage.reader.clone());
+        let checks = PeerChecks { me: config.id, clocks: clocks.clone(), identity: Some(identity.clone()) };
         let network = NetworkFactory::new(config.heartbeat, config.peer_routes.clone(), authorization.as_deref())
             .map_err(|e| anyhow::anyhow!("the Raft network: {e}"))?
-            .with_clocks(config.id, clocks.clone());
+            .with_checks(checks);
         if config.cluster_secret.is_none() {
             tracing::warn!(
                 "no cluster secret: Raft RPC, membership changes and /v1/command accept anyone who reaches {}",
@@ -162,9 +167,11 @@ impl Node {
             max_http_commands: config.max_http_commands,
             cluster_secret: config.cluster_secret.clone(),
             clock_check: clock_check.clone(),
+            identity,
         });
         node.metrics.watch(node.clone());
         tokio::spawn(crate::clock_watch::follow_clocks(node.clone(), clock_check, config.heartbeat));
+        tokio::spawn(crate::enrollment::enroll_members(node.clone()));
         tokio::spawn(snapshot_policy(
             node.raft.clone(),
             node.reader.clone(),

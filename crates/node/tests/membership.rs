@@ -198,3 +198,57 @@ async fn a_learner_that_never_answered_is_neither_caught_up_nor_promoted() {
     assert_eq!(voters, vec![1, 2, 3], "the membership is unchanged");
     write_keys(&cluster, "after", 20).await;
 }
+
+/// A node whose data directory was wiped and that comes back with the same id has lost its log
+/// and the vote it cast: it must take no part until it is removed and added back as a new
+/// learner, which enrolls its new storage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_node_reusing_its_id_is_refused_until_added_back_as_a_learner() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let written = write_keys(&cluster, "before-wipe", 20).await;
+    let leader = cluster.wait_leader().await;
+    let wiped = if leader == 3 { 2 } else { 3 };
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let status = cluster.status(leader).await.unwrap();
+        if status["enrolled"].as_object().is_some_and(|enrolled| enrolled.len() == 3) && status["cluster_id"].is_string()
+        {
+            break;
+        }
+        assert!(Instant::now() < until, "the members were never enrolled: {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let old_incarnation = cluster.status(wiped).await.unwrap()["incarnation"].as_str().unwrap().to_string();
+
+    cluster.kill(wiped);
+    std::fs::remove_dir_all(&cluster.nodes[&wiped].data_dir).unwrap();
+    cluster.spawn(wiped);
+    let ready = |id: u64| {
+        let (http, url) = (cluster.http.clone(), cluster.url(id));
+        async move { http.get(format!("{url}/ready")).send().await.map(|r| r.status().as_u16()).unwrap_or(0) }
+    };
+    let watch_until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < watch_until {
+        if let Some(status) = cluster.status(wiped).await {
+            assert_ne!(status["incarnation"].as_str(), Some(old_incarnation.as_str()), "a wiped directory is new storage");
+            assert_eq!(status["applied_index"], 0, "the wiped node was given the log: {status}");
+        }
+        assert_ne!(ready(wiped).await, 200, "the wiped node is ready\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(cluster.logs().contains("remove node"), "nobody said why the node is refused\n{}", cluster.logs());
+
+    // The documented recovery: remove it, add it back as a learner, promote it.
+    let post = |path: &str, body: serde_json::Value| cluster.http.post(format!("{}{path}", cluster.url(leader))).json(&body).send();
+    let removed = post("/cluster/members", serde_json::json!({"remove": [wiped]})).await.unwrap();
+    assert_eq!(removed.status(), 200, "{}", removed.text().await.unwrap());
+    let added =
+        post("/cluster/learners", serde_json::json!({"id": wiped, "address": cluster.url(wiped)})).await.unwrap();
+    assert_eq!(added.status(), 200, "{}", added.text().await.unwrap());
+    let promoted = post("/cluster/members", serde_json::json!({"promote": [wiped]})).await.unwrap();
+    assert_eq!(promoted.status(), 200, "{}", promoted.text().await.unwrap());
+    let applied = cluster.status(leader).await.unwrap()["applied_index"].as_u64().unwrap();
+    cluster.wait_applied(wiped, applied).await;
+    assert_local_state(&cluster, wiped, &written).await;
+    cluster.wait_ready().await;
+}

@@ -11,6 +11,8 @@
 //!   keeps the latest snapshot.
 //! - [`election`]: when a node stands for election (a pre-vote first).
 //! - [`network`]: the HTTP client side of the Raft RPCs; [`wire`]: their encoding.
+//! - [`identity`]: the cluster's name and each member's storage incarnation, checked on every
+//!   Raft message.
 //! - [`clocks`]: peers' wall clocks as their RPCs show them, and whether this node's agrees.
 //! - [`metrics`]: fsync, apply and snapshot metrics.
 
@@ -22,6 +24,7 @@ pub mod clocks;
 pub mod db;
 pub mod dedup_retention;
 pub mod election;
+pub mod identity;
 pub mod log_store;
 pub mod metrics;
 pub mod network;
@@ -30,6 +33,7 @@ pub mod state_store;
 pub mod types;
 pub mod wire;
 
+use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -42,6 +46,7 @@ use tokio::sync::broadcast;
 
 pub use clocks::PeerClocks;
 pub use election::Elector;
+pub use identity::PeerIdentity;
 pub use log_store::{LogReader, LogStore};
 pub use metrics::StorageMetrics;
 pub use network::NetworkFactory;
@@ -114,6 +119,8 @@ pub struct NodeStorage {
     pub log: LogStore,
     pub state: StateStore,
     pub reader: StateReader,
+    /// The random id this data directory got when it was created ([`identity::incarnation`]).
+    pub incarnation: String,
 }
 
 /// Opens the storage in `data_dir` (RocksDB in `db/`, the latest snapshot in `snapshots/`).
@@ -139,6 +146,8 @@ pub fn open(data_dir: &Path, config: Config, metrics: StorageMetrics) -> Result<
     if let Ok(Some((_, data))) = snapshots.current() {
         shared.log_bytes.set_snapshot_size(std::fs::metadata(data).map_or(0, |m| m.len()));
     }
+    let incarnation =
+        identity::incarnation(&db).map_err(|source| OpenError::Db { path: db_path.display().to_string(), source })?;
     let (applied_requests, _) = broadcast::channel(APPLIED_FEED_CAPACITY);
     let machine = StateMachine::new(config);
     let log = LogStore::new(db.clone(), metrics.clone(), committed.clone(), shared.log_bytes.clone())
@@ -152,7 +161,7 @@ pub fn open(data_dir: &Path, config: Config, metrics: StorageMetrics) -> Result<
         installing: shared.installing.clone(),
     };
     let state = StateStore::new(db, machine, snapshots, metrics, applied_requests, shared);
-    Ok(NodeStorage { log, state, reader })
+    Ok(NodeStorage { log, state, reader, incarnation })
 }
 
 /// Reads the node's applied state without going through Raft. Whether a read is linearizable is
@@ -216,6 +225,21 @@ impl StateReader {
     }
 
     /// The last committed log index this node knows of (0 before the first).
+    /// The cluster's name, once applied here.
+    pub fn cluster_id(&self) -> Result<Option<String>, StorageError> {
+        statestore_statemachine::meta::cluster_id(&db::Tables { db: &self.db })
+    }
+
+    /// The storage incarnation enrolled for member `node`.
+    pub fn enrolled(&self, node: NodeId) -> Result<Option<String>, StorageError> {
+        statestore_statemachine::meta::enrolled(&db::Tables { db: &self.db }, node)
+    }
+
+    /// Every enrolled member's storage incarnation.
+    pub fn enrollments(&self) -> Result<BTreeMap<NodeId, String>, StorageError> {
+        statestore_statemachine::meta::enrollments(&db::Tables { db: &self.db })
+    }
+
     pub fn committed_index(&self) -> u64 {
         self.committed.load(Ordering::Acquire)
     }

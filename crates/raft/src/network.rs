@@ -28,6 +28,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::clocks::{wall_clock_ms, PeerClocks, CLOCK_HEADER, FROM_HEADER};
+use crate::identity::{Claims, PeerIdentity, CLUSTER_HEADER, EXPECTED_HEADER, INCARNATION_HEADER};
 use crate::election::{PreVoteRequest, PreVoteResponse, PREVOTE_PATH};
 use crate::types::{Node, NodeId, TypeConfig};
 use crate::wire::{decode, encode, CONTENT_TYPE};
@@ -48,9 +49,18 @@ pub struct NetworkFactory {
     retry_after: Duration,
     /// Peers reached at another URL than the one they advertise (a proxy, a NAT).
     routes: BTreeMap<NodeId, String>,
-    /// This node's id and its readings of peers' clocks: requests carry both this node's id
-    /// and clock, and answers' clocks are noted.
-    clocks: Option<(NodeId, PeerClocks)>,
+    /// What requests say of this node, and how answers are checked.
+    checks: Option<PeerChecks>,
+}
+
+/// What this node sends about itself with every Raft request, and notes or checks in every
+/// answer: its id and wall clock, and, with an identity, its storage incarnation, its cluster's
+/// name and the incarnation it has enrolled for the target.
+#[derive(Clone)]
+pub struct PeerChecks {
+    pub me: NodeId,
+    pub clocks: PeerClocks,
+    pub identity: Option<PeerIdentity>,
 }
 
 impl NetworkFactory {
@@ -78,37 +88,49 @@ impl NetworkFactory {
             .pool_idle_timeout(Duration::from_secs(30))
             .build()
             .map_err(|e| format!("building the HTTP client: {e}"))?;
-        Ok(NetworkFactory { client, retry_after, routes, clocks: None })
+        Ok(NetworkFactory { client, retry_after, routes, checks: None })
     }
 
-    /// Sends this node's id (`me`) and clock with every request, and notes peers' clocks from
-    /// their answers in `clocks`.
-    pub fn with_clocks(mut self, me: NodeId, clocks: PeerClocks) -> NetworkFactory {
-        self.clocks = Some((me, clocks));
+    /// Sends what `checks` says of this node with every request, and checks every answer.
+    pub fn with_checks(mut self, checks: PeerChecks) -> NetworkFactory {
+        self.checks = Some(checks);
         self
     }
 
     /// The readings of peers' clocks, when kept.
     pub fn clocks(&self) -> Option<&PeerClocks> {
-        self.clocks.as_ref().map(|(_, clocks)| clocks)
+        self.checks.as_ref().map(|checks| &checks.clocks)
     }
 }
 
-/// Adds this node's id and clock to a request.
-fn stamp(builder: reqwest::RequestBuilder, clocks: &Option<(NodeId, PeerClocks)>) -> reqwest::RequestBuilder {
-    match clocks {
-        Some((me, _)) => builder.header(FROM_HEADER, me.to_string()).header(CLOCK_HEADER, wall_clock_ms().to_string()),
-        None => builder,
+/// Adds what `checks` says of this node (and of `target`) to a request.
+fn stamp(builder: reqwest::RequestBuilder, checks: &Option<PeerChecks>, target: NodeId) -> reqwest::RequestBuilder {
+    let Some(checks) = checks else { return builder };
+    let mut builder =
+        builder.header(FROM_HEADER, checks.me.to_string()).header(CLOCK_HEADER, wall_clock_ms().to_string());
+    if let Some(identity) = &checks.identity {
+        builder = builder.header(INCARNATION_HEADER, &identity.incarnation);
+        if let Some(cluster) = identity.cluster_id() {
+            builder = builder.header(CLUSTER_HEADER, cluster);
+        }
+        if let Some(expected) = identity.enrolled(target) {
+            builder = builder.header(EXPECTED_HEADER, expected);
+        }
     }
+    builder
 }
 
-/// Notes the clock an answer from `peer` carries.
-fn note_clock(response: &reqwest::Response, peer: NodeId, clocks: &Option<(NodeId, PeerClocks)>) {
-    let Some((_, clocks)) = clocks else { return };
-    let reading = response.headers().get(CLOCK_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
-    if let Some(wall_clock_ms) = reading {
-        clocks.observe(peer, wall_clock_ms);
+/// Notes the clock an answer from `peer` carries and checks who answered; why the answer must
+/// not count, if it must not.
+fn check_answer(response: &reqwest::Response, peer: NodeId, checks: &Option<PeerChecks>) -> Result<(), String> {
+    let Some(checks) = checks else { return Ok(()) };
+    let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok());
+    if let Some(wall_clock_ms) = header(CLOCK_HEADER).and_then(|v| v.parse().ok()) {
+        checks.clocks.observe(peer, wall_clock_ms);
     }
+    let Some(identity) = &checks.identity else { return Ok(()) };
+    let claims = Claims { incarnation: header(INCARNATION_HEADER), cluster: header(CLUSTER_HEADER), expected: None };
+    identity.check(peer, &claims)
 }
 
 impl NetworkFactory {
@@ -127,14 +149,14 @@ impl NetworkFactory {
     ) -> Result<PreVoteResponse, String> {
         let body = encode(request).map_err(|e| format!("encoding the request: {e}"))?;
         let post = self.client.post(format!("{}{PREVOTE_PATH}", self.address(target, node)));
-        let response = stamp(post, &self.clocks)
+        let response = stamp(post, &self.checks, target)
             .header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE)
             .timeout(timeout)
             .body(body)
             .send()
             .await
             .map_err(|e| e.to_string())?;
-        note_clock(&response, target, &self.clocks);
+        check_answer(&response, target, &self.checks)?;
         let status = response.status();
         let bytes = response.bytes().await.map_err(|e| e.to_string())?;
         if !status.is_success() {
@@ -154,7 +176,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             addr: self.address(target, node),
             retry_after: self.retry_after,
             append_budget: MAX_APPEND_BYTES,
-            clocks: self.clocks.clone(),
+            checks: self.checks.clone(),
         }
     }
 }
@@ -167,7 +189,7 @@ pub struct PeerClient {
     retry_after: Duration,
     /// How many entry bytes the next append request may carry.
     append_budget: usize,
-    clocks: Option<(NodeId, PeerClocks)>,
+    checks: Option<PeerChecks>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -199,7 +221,7 @@ impl PeerClient {
     {
         let network = |detail: String| RPCError::Network(NetworkError::new(&RpcFailure(detail)));
         let body = encode(request).map_err(|e| network(format!("encoding the request: {e}")))?;
-        let sent = stamp(self.client.post(format!("{}{path}", self.addr)), &self.clocks)
+        let sent = stamp(self.client.post(format!("{}{path}", self.addr)), &self.checks, self.target)
             .header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE)
             .timeout(option.hard_ttl())
             .body(body)
@@ -211,7 +233,7 @@ impl PeerClient {
             Err(e) if e.is_connect() => return Err(RPCError::Unreachable(Unreachable::new(&e))),
             Err(e) => return Err(network(e.to_string())),
         };
-        note_clock(&response, self.target, &self.clocks);
+        check_answer(&response, self.target, &self.checks).map_err(network)?;
         let status = response.status();
         let bytes = match response.bytes().await {
             Ok(bytes) => bytes,

@@ -37,6 +37,8 @@ impl Entry {
                 Operation::Expire { key, .. } => key.len(),
                 Operation::DropRegistrations { client_id } => client_id.len(),
                 Operation::ConfirmNotifications { .. } => 0,
+                Operation::Enroll { incarnation, .. } => incarnation.as_ref().map_or(0, String::len),
+                Operation::NameCluster { id } => id.len(),
             }
     }
 }
@@ -57,6 +59,11 @@ pub enum Operation {
     DropRegistrations { client_id: String },
     /// Notifications up to and including `through` were published: drop them from the outbox.
     ConfirmNotifications { through: u64 },
+    /// Records the storage incarnation of member `node` (the random id its data directory got
+    /// when it was created); `None` forgets it. Without `replace` a recorded one stays.
+    Enroll { node: u64, incarnation: Option<String>, replace: bool },
+    /// Names the cluster once; a later name is ignored.
+    NameCluster { id: String },
 }
 
 /// A client request with the envelope facts apply needs.

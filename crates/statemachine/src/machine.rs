@@ -122,6 +122,13 @@ impl StateMachine {
             Operation::ConfirmNotifications { through } => {
                 Reply::new(Response::Int(watch::confirm(apply.txn, *through)? as i64), None)
             }
+            Operation::Enroll { node, incarnation, replace } => {
+                let changed = meta::enroll(apply.txn, *node, incarnation.as_deref(), *replace)?;
+                Reply::new(Response::Int(i64::from(changed)), None)
+            }
+            Operation::NameCluster { id } => {
+                Reply::new(Response::Int(i64::from(meta::name_cluster(apply.txn, id)?)), None)
+            }
         };
         Ok(Applied { reply, notifications: apply.notifications, deduplicated: false })
     }

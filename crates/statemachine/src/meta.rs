@@ -1,5 +1,7 @@
 //! State-machine metadata in [`Table::Meta`]: the clock, the last issued version, counters.
 
+use std::collections::BTreeMap;
+
 use statestore_protocol::Hlc;
 
 use crate::codec::{decode_u64, encode_u64, Reader, Writer};
@@ -17,11 +19,23 @@ const OUTBOX_NEXT: &[u8] = b"outbox_next";
 const REGISTRATION_COUNT: &[u8] = b"registration_count";
 /// Followed by a client id: that client's number of registrations.
 const CLIENT_REGISTRATIONS: &[u8] = b"registrations_of/";
+const CLUSTER_ID: &[u8] = b"cluster_id";
+/// Followed by a node id (8 bytes, big-endian): that member's storage incarnation.
+const INCARNATION_OF: &[u8] = b"incarnation_of/";
 
 /// Meta keys the state machine owns; other layers sharing [`Table::Meta`] must not use them.
-/// [`CLIENT_REGISTRATIONS`] is a prefix: every key starting with it is reserved too.
-pub const RESERVED_META_KEYS: [&[u8]; 7] =
-    [CLOCK, VERSION, KEY_COUNT, BYTE_COUNT, OUTBOX_NEXT, REGISTRATION_COUNT, CLIENT_REGISTRATIONS];
+/// [`CLIENT_REGISTRATIONS`] and [`INCARNATION_OF`] are prefixes: every key starting with it is reserved too.
+pub const RESERVED_META_KEYS: [&[u8]; 9] = [
+    CLOCK,
+    VERSION,
+    KEY_COUNT,
+    BYTE_COUNT,
+    OUTBOX_NEXT,
+    REGISTRATION_COUNT,
+    CLIENT_REGISTRATIONS,
+    CLUSTER_ID,
+    INCARNATION_OF,
+];
 
 fn read_u64(store: &(impl StorageRead + ?Sized), key: &[u8]) -> Result<u64, StorageError> {
     store.get(Table::Meta, key)?.map_or(Ok(0), |v| decode_u64(Table::Meta, &v))
@@ -123,4 +137,64 @@ pub(crate) fn set_client_registration_count(txn: &mut impl Txn, client_id: &str,
     } else {
         txn.put(Table::Meta, key, encode_u64(count));
     }
+}
+
+fn text(store: &(impl StorageRead + ?Sized), key: &[u8]) -> Result<Option<String>, StorageError> {
+    store
+        .get(Table::Meta, key)?
+        .map(|v| String::from_utf8(v).map_err(|_| StorageError::Corrupt { table: Table::Meta, detail: "not UTF-8" }))
+        .transpose()
+}
+
+/// The cluster's name, once its first leader gave it one.
+pub fn cluster_id(store: &(impl StorageRead + ?Sized)) -> Result<Option<String>, StorageError> {
+    text(store, CLUSTER_ID)
+}
+
+/// Names the cluster `id` unless it has a name; whether it did.
+pub(crate) fn name_cluster(txn: &mut impl Txn, id: &str) -> Result<bool, StorageError> {
+    if cluster_id(txn)?.is_some() {
+        return Ok(false);
+    }
+    txn.put(Table::Meta, CLUSTER_ID.to_vec(), id.as_bytes().to_vec());
+    Ok(true)
+}
+
+fn incarnation_key(node: u64) -> Vec<u8> {
+    [INCARNATION_OF, &node.to_be_bytes()[..]].concat()
+}
+
+/// The storage incarnation enrolled for member `node`, if any.
+pub fn enrolled(store: &(impl StorageRead + ?Sized), node: u64) -> Result<Option<String>, StorageError> {
+    text(store, &incarnation_key(node))
+}
+
+/// Every enrolled member and its storage incarnation.
+pub fn enrollments(store: &(impl StorageRead + ?Sized)) -> Result<BTreeMap<u64, String>, StorageError> {
+    let corrupt = StorageError::Corrupt { table: Table::Meta, detail: "bad enrollment" };
+    let mut out = BTreeMap::new();
+    for (key, value) in store.scan(Table::Meta, INCARNATION_OF, None, usize::MAX)? {
+        let id = key[INCARNATION_OF.len()..].try_into().map(u64::from_be_bytes).map_err(|_| corrupt.clone())?;
+        out.insert(id, String::from_utf8(value).map_err(|_| corrupt.clone())?);
+    }
+    Ok(out)
+}
+
+/// Records (or, with `None`, forgets) `node`'s incarnation; without `replace` a recorded one
+/// stays. Whether anything changed.
+pub(crate) fn enroll(
+    txn: &mut impl Txn,
+    node: u64,
+    incarnation: Option<&str>,
+    replace: bool,
+) -> Result<bool, StorageError> {
+    let current = enrolled(txn, node)?;
+    if (current.is_some() && !replace) || current.as_deref() == incarnation {
+        return Ok(false);
+    }
+    match incarnation {
+        Some(incarnation) => txn.put(Table::Meta, incarnation_key(node), incarnation.as_bytes().to_vec()),
+        None => txn.delete(Table::Meta, incarnation_key(node)),
+    }
+    Ok(true)
 }

@@ -1,6 +1,6 @@
 //! The cluster API: status, adding learners, changing voters; health, readiness and metrics.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,10 +15,12 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use statestore_raft::types::RaftMetrics;
 use statestore_raft::NodeId;
+use statestore_statemachine::{Entry, Operation};
 
 use super::ApiError;
 use crate::clock_watch::ClockVerdict;
-use crate::node::{forward, ExecuteError, Node};
+use crate::node::{forward, now_ms, ExecuteError, Node};
+use crate::pipeline::Work;
 
 /// How long `POST /cluster/learners` waits for the learner to catch up unless told otherwise.
 const DEFAULT_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -48,6 +50,12 @@ pub struct ClusterStatus {
     pub applied_index: u64,
     pub snapshot_index: u64,
     pub purged_index: u64,
+    /// The cluster's name, once its first leader gave it one.
+    pub cluster_id: Option<String>,
+    /// The random id this node's data directory got when it was created.
+    pub incarnation: String,
+    /// The storage incarnation enrolled for each member.
+    pub enrolled: BTreeMap<NodeId, String>,
 }
 
 fn members(metrics: &RaftMetrics, ids: impl Iterator<Item = NodeId>) -> Vec<Member> {
@@ -78,6 +86,9 @@ pub fn cluster_status(node: &Node) -> ClusterStatus {
         applied_index: metrics.last_applied.map_or(0, |id| id.index),
         snapshot_index: metrics.snapshot.map_or(0, |id| id.index),
         purged_index: metrics.purged.map_or(0, |id| id.index),
+        cluster_id: node.identity.cluster_id(),
+        incarnation: node.identity.incarnation.clone(),
+        enrolled: node.reader.enrollments().unwrap_or_default(),
     }
 }
 
@@ -163,6 +174,7 @@ pub async fn add_learner(State(node): State<Arc<Node>>, body: Bytes) -> Result<R
     }
     let timeout = request.timeout_ms.map_or(DEFAULT_CATCH_UP_TIMEOUT, Duration::from_millis);
     let started = tokio::time::Instant::now();
+    enroll_anew(&node, request.id, &address).await?;
     let added = node.raft.add_learner(request.id, BasicNode { addr: address.clone() }, false);
     tokio::time::timeout(CHANGE_TIMEOUT, added)
         .await
@@ -174,6 +186,21 @@ pub async fn add_learner(State(node): State<Arc<Node>>, body: Bytes) -> Result<R
     let caught_up = wait_matched(&node, request.id, end, timeout.saturating_sub(started.elapsed())).await;
     let status = if caught_up { StatusCode::OK } else { StatusCode::ACCEPTED };
     Ok((status, Json(LearnerAdded { id: request.id, address, caught_up })).into_response())
+}
+
+/// Enrolls the storage of the node at `address` for `id`, replacing what was enrolled for that id
+/// (a node added back after its data directory was replaced). When it does not answer yet, what
+/// was enrolled is forgotten, and the storage that first answers as `id` is enrolled.
+async fn enroll_anew(node: &Node, id: NodeId, address: &str) -> Result<(), ApiError> {
+    let incarnation = async {
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().ok()?;
+        let status: ClusterStatus = client.get(format!("{address}/cluster")).send().await.ok()?.json().await.ok()?;
+        (status.id == id).then_some(status.incarnation)
+    }
+    .await;
+    let operation = Operation::Enroll { node: id, incarnation, replace: true };
+    node.pipeline.execute(Work::Write(Entry { operation, wall_clock_ms: now_ms() })).await?;
+    Ok(())
 }
 
 #[derive(Debug, Deserialize)]
@@ -321,6 +348,8 @@ pub async fn ready(State(node): State<Arc<Node>>) -> Response {
         Some("catching up: applied index is behind the committed index".to_string())
     } else if node.broker_connected.get().is_some_and(|connected| !*connected.borrow()) {
         Some("not connected to the MQTT broker".to_string())
+    } else if let Some(why) = node.identity.replaced() {
+        Some(why)
     } else if let Some(why) = clock_problem(&node, &status) {
         Some(why)
     } else if status.role != "leader" && !hears_the_leader(&node).await {

@@ -41,7 +41,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route(statestore_raft::network::SNAPSHOT_PATH, post(raft_rpc::snapshot))
         .route(statestore_raft::election::PREVOTE_PATH, post(raft_rpc::prevote))
         .layer(DefaultBodyLimit::max(RAFT_BODY_LIMIT))
-        .route_layer(middleware::from_fn_with_state(node.clone(), raft_rpc::exchange_clocks));
+        .route_layer(middleware::from_fn_with_state(node.clone(), raft_rpc::check_peer));
     let command =
         Router::new().route("/v1/command", post(command::execute)).layer(DefaultBodyLimit::max(COMMAND_BODY_LIMIT));
     let membership = Router::new()

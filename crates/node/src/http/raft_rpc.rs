@@ -2,7 +2,9 @@
 //! `Result` (errors included) as the answer.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Request, State};
@@ -12,24 +14,61 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use statestore_raft::clocks::{wall_clock_ms, CLOCK_HEADER, FROM_HEADER};
+use statestore_raft::identity::{Claims, CLUSTER_HEADER, EXPECTED_HEADER, INCARNATION_HEADER};
 use statestore_raft::wire::{decode, encode, CONTENT_TYPE};
 
 use crate::node::Node;
 
-/// Notes the sender's clock of every Raft request, and answers with this node's.
-pub async fn exchange_clocks(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
-    let headers = request.headers();
-    let from = headers.get(FROM_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    let clock = headers.get(CLOCK_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if let (Some(from), Some(wall_clock_ms)) = (from, clock) {
-        node.clock_check.clocks.observe(from, wall_clock_ms);
-    }
-    let mut response = next.run(request).await;
-    if let Ok(value) = HeaderValue::from_str(&wall_clock_ms().to_string()) {
-        response.headers_mut().insert(CLOCK_HEADER, value);
+/// Notes the sender's clock of every Raft request and checks who sent it (refused with 409 when
+/// it or this node is not the storage the cluster enrolled, or another cluster's); answers
+/// carry this node's clock, incarnation and cluster name.
+pub async fn check_peer(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
+    let refusal = {
+        let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
+        let from = header(FROM_HEADER).and_then(|v| v.parse::<u64>().ok());
+        if let (Some(from), Some(wall_clock_ms)) = (from, header(CLOCK_HEADER).and_then(|v| v.parse().ok())) {
+            node.clock_check.clocks.observe(from, wall_clock_ms);
+        }
+        let claims = Claims {
+            incarnation: header(INCARNATION_HEADER),
+            cluster: header(CLUSTER_HEADER),
+            expected: header(EXPECTED_HEADER),
+        };
+        from.and_then(|from| node.identity.check(from, &claims).err())
+    };
+    let mut response = match refusal {
+        Some(why) => {
+            if warn_now() {
+                tracing::warn!(why, "refused a Raft request");
+            }
+            (StatusCode::CONFLICT, why).into_response()
+        }
+        None => next.run(request).await,
+    };
+    let headers = response.headers_mut();
+    let mut add = |name: &'static str, value: &str| {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            headers.insert(name, value);
+        }
+    };
+    add(CLOCK_HEADER, &wall_clock_ms().to_string());
+    add(INCARNATION_HEADER, &node.identity.incarnation);
+    if let Some(cluster) = node.identity.cluster_id() {
+        add(CLUSTER_HEADER, &cluster);
     }
     response
 }
+
+/// True at most once per [`REFUSAL_LOG_EVERY`]: a refused peer retries every heartbeat.
+fn warn_now() -> bool {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = wall_clock_ms();
+    let last = LAST.load(Ordering::Relaxed);
+    now.saturating_sub(last) >= REFUSAL_LOG_EVERY.as_millis() as u64
+        && LAST.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+}
+
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(5);
 
 async fn rpc<Req, Resp, Fut>(body: Bytes, call: impl FnOnce(Req) -> Fut) -> Response
 where

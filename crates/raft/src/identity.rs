@@ -1,0 +1,121 @@
+//! Who is on the other end of a Raft message: the cluster's name and the member's storage.
+//!
+//! A data directory gets a random *incarnation* when it is created ([`incarnation`]), and the
+//! leader enrolls each member's incarnation in the replicated state (and names the cluster
+//! once). Every Raft request carries the sender's id, incarnation and cluster name, and the
+//! incarnation the sender has enrolled for the receiver; every answer carries the receiver's
+//! incarnation and cluster name. A message is refused when a side belongs to another cluster,
+//! or when a member's incarnation is not the one enrolled for it: its data directory was wiped or
+//! replaced (it may have voted in this term already, and its log is gone), or another node uses
+//! its id. Such a node must be removed and added back as a new learner, which enrolls its new
+//! storage. Messages without these headers (a node that does not send them) are not checked.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use rocksdb::DB;
+
+use crate::db::{cf, synced, RAFT_META_CF};
+use crate::types::NodeId;
+use crate::StateReader;
+
+/// The sender's storage incarnation, on every Raft request and answer.
+pub const INCARNATION_HEADER: &str = "x-statestore-incarnation";
+/// The sender's cluster name, once it knows one, on every Raft request and answer.
+pub const CLUSTER_HEADER: &str = "x-statestore-cluster";
+/// On a request: the incarnation the sender has enrolled for the receiver.
+pub const EXPECTED_HEADER: &str = "x-statestore-expected-incarnation";
+
+const INCARNATION_KEY: &[u8] = b"incarnation";
+
+/// A fresh random id: 32 hex digits.
+pub fn random_id() -> String {
+    format!("{:032x}", fastrand::u128(..))
+}
+
+/// This data directory's incarnation, created (and synced) the first time.
+pub fn incarnation(db: &DB) -> Result<String, rocksdb::Error> {
+    if let Some(bytes) = db.get_cf(cf(db, RAFT_META_CF), INCARNATION_KEY)? {
+        if let Ok(text) = String::from_utf8(bytes) {
+            return Ok(text);
+        }
+    }
+    let fresh = random_id();
+    db.put_cf_opt(cf(db, RAFT_META_CF), INCARNATION_KEY, fresh.as_bytes(), &synced())?;
+    Ok(fresh)
+}
+
+/// This node's identity and what the replicated state says of its peers. Cheap to clone.
+#[derive(Clone)]
+pub struct PeerIdentity {
+    pub me: NodeId,
+    pub incarnation: String,
+    reader: StateReader,
+    /// The incarnation each peer last showed, enrolled or not.
+    seen: Arc<Mutex<BTreeMap<NodeId, String>>>,
+}
+
+/// What a peer's message said about it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Claims<'a> {
+    pub incarnation: Option<&'a str>,
+    pub cluster: Option<&'a str>,
+    /// On a request: the incarnation the sender expects this node to have.
+    pub expected: Option<&'a str>,
+}
+
+impl PeerIdentity {
+    pub fn new(me: NodeId, incarnation: String, reader: StateReader) -> PeerIdentity {
+        PeerIdentity { me, incarnation, reader, seen: Arc::default() }
+    }
+
+    /// The cluster's name, when this node has applied it.
+    pub fn cluster_id(&self) -> Option<String> {
+        self.reader.cluster_id().ok().flatten()
+    }
+
+    /// The incarnation enrolled for `node`, if any.
+    pub fn enrolled(&self, node: NodeId) -> Option<String> {
+        self.reader.enrolled(node).ok().flatten()
+    }
+
+    /// The incarnation each peer last showed.
+    pub fn seen(&self) -> BTreeMap<NodeId, String> {
+        self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// Why this node's own storage is not the one enrolled for its id, if it is not.
+    pub fn replaced(&self) -> Option<String> {
+        let enrolled = self.enrolled(self.me)?;
+        (enrolled != self.incarnation).then(|| {
+            format!(
+                "this node's storage (incarnation {}) is not the one enrolled for node {} ({enrolled}): its data directory was replaced; remove node {} and add it back as a new learner",
+                self.incarnation, self.me, self.me
+            )
+        })
+    }
+
+    /// Checks what `peer` says of itself (and, on a request, of this node); why not, if it must
+    /// be refused.
+    pub fn check(&self, peer: NodeId, claims: &Claims) -> Result<(), String> {
+        if let (Some(theirs), Some(ours)) = (claims.cluster, self.cluster_id()) {
+            if theirs != ours {
+                return Err(format!("node {peer} belongs to cluster {theirs}, node {} to cluster {ours}", self.me));
+            }
+        }
+        if let Some(expected) = claims.expected.filter(|expected| *expected != self.incarnation) {
+            return Err(format!(
+                "node {peer} has storage incarnation {expected} enrolled for node {}, whose storage is {}: its data directory was replaced; remove node {} and add it back as a new learner",
+                self.me, self.incarnation, self.me
+            ));
+        }
+        let Some(incarnation) = claims.incarnation else { return Ok(()) };
+        self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(peer, incarnation.to_string());
+        match self.enrolled(peer) {
+            Some(enrolled) if enrolled != incarnation => Err(format!(
+                "node {peer}'s storage is incarnation {incarnation}, but {enrolled} is enrolled: its data directory was replaced, or another node uses its id; remove node {peer} and add it back as a new learner"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
