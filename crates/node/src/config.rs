@@ -51,6 +51,11 @@ pub struct Args {
     /// hands leadership over. 0 turns the check off. Default 1000.
     #[arg(long, env = "STATESTORE_MAX_CLOCK_OFFSET_MS")]
     pub max_clock_offset_ms: Option<u64>,
+    /// The data directory holds a restored backup (a copy of one node's directory): give it a
+    /// new storage incarnation and let the restored cluster's first leader name it anew. Only
+    /// for the first start after a restore. Default false.
+    #[arg(long, env = "STATESTORE_RESTORED")]
+    pub restored: bool,
     /// Lower bound of the randomized election timeout in milliseconds. Default 150.
     #[arg(long, env = "STATESTORE_ELECTION_MIN_MS")]
     pub election_min_ms: Option<u64>,
@@ -181,6 +186,8 @@ pub struct NodeConfig {
     pub heartbeat: Duration,
     /// Clocks further apart than this disagree (zero: never).
     pub max_clock_offset: Duration,
+    /// The data directory holds a restored backup (`--restored`).
+    pub restored: bool,
     pub election_min: Duration,
     pub election_max: Duration,
     pub snapshot_every: u64,
@@ -298,6 +305,7 @@ impl NodeConfig {
             peer_routes,
             cluster_secret,
             heartbeat: Duration::from_millis(args.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(50)),
+            restored: args.restored,
             max_clock_offset: Duration::from_millis(
                 args.max_clock_offset_ms.or(file.max_clock_offset_ms).unwrap_or(DEFAULT_MAX_CLOCK_OFFSET_MS),
             ),

@@ -34,15 +34,20 @@ pub(crate) async fn enroll_members(node: Arc<Node>) {
             _ => continue,
         }
         let mut operations = Vec::new();
-        if node.identity.cluster_id().is_none() {
-            operations.push(Operation::NameCluster { id: random_id() });
+        if node.identity.suspended() {
+            // A restored cluster is a new one: a new name, and every member enrolled again.
+            tracing::info!("naming the restored cluster anew");
+            operations.push(Operation::NameCluster { id: random_id(), anew: true });
+        } else if node.identity.cluster_id().is_none() {
+            operations.push(Operation::NameCluster { id: random_id(), anew: false });
         }
         let seen = node.identity.seen();
-        for id in members {
+        for id in members.into_iter().filter(|_| !node.identity.suspended()) {
             if node.identity.enrolled(id).is_some() {
                 continue;
             }
-            let incarnation = if id == node.id { Some(node.identity.incarnation.clone()) } else { seen.get(&id).cloned() };
+            let incarnation =
+                if id == node.id { Some(node.identity.incarnation.clone()) } else { seen.get(&id).cloned() };
             if let Some(incarnation) = incarnation {
                 tracing::info!(node = id, incarnation, "enrolling a member's storage");
                 operations.push(Operation::Enroll { node: id, incarnation: Some(incarnation), replace: false });

@@ -107,7 +107,8 @@ impl Node {
     pub async fn start(config: &NodeConfig) -> anyhow::Result<Arc<Node>> {
         let metrics = Metrics::new()?;
         let storage_metrics = StorageMetrics::register(&metrics.registry)?;
-        let storage = statestore_raft::open(&config.data_dir, MachineConfig::default(), storage_metrics)?;
+        let storage =
+            statestore_raft::open(&config.data_dir, MachineConfig::default(), storage_metrics, config.restored)?;
         let raft_config = openraft::Config {
             cluster_name: "statestore".into(),
             heartbeat_interval: config.heartbeat.as_millis() as u64,
@@ -126,7 +127,14 @@ impl Node {
         let raft_config = Arc::new(raft_config.validate()?);
         let authorization = config.cluster_secret.as_ref().map(|secret| secret.authorization());
         let clocks = PeerClocks::new(config.max_clock_offset);
-        let identity = PeerIdentity::new(config.id, storage.incarnation.clone(), storage.reader.clone());
+        let mut identity = PeerIdentity::new(config.id, storage.incarnation.clone(), storage.reader.clone());
+        if config.restored {
+            tracing::warn!(
+                incarnation = identity.incarnation,
+                "started on a restored backup: this storage is new, and the cluster will be named anew by its first leader"
+            );
+            identity = identity.restored();
+        }
         let checks = PeerChecks { me: config.id, clocks: clocks.clone(), identity: Some(identity.clone()) };
         let network = NetworkFactory::new(config.heartbeat, config.peer_routes.clone(), authorization.as_deref())
             .map_err(|e| anyhow::anyhow!("the Raft network: {e}"))?

@@ -50,7 +50,9 @@ async fn a_stopped_followers_data_directory_restores_the_cluster() {
     // Writes after the backup are not in it.
     cluster.set_anywhere("after-backup", "x", Duration::from_secs(10)).await;
 
-    // Disaster: every node stops; each gets the backup in place of its data; all start.
+    // Disaster: every node stops; each gets the backup in place of its data; all start, the
+    // first time with `--restored`.
+    let old_name = cluster.status(leader).await.unwrap()["cluster_id"].as_str().unwrap().to_string();
     for id in cluster.running() {
         cluster.kill(id);
     }
@@ -60,10 +62,22 @@ async fn a_stopped_followers_data_directory_restores_the_cluster() {
         copy_dir(&backup, &dir);
     }
     for id in 1..=3u64 {
+        cluster.nodes.get_mut(&id).unwrap().args = vec!["--restored".into()];
         cluster.spawn(id);
     }
     let leader = cluster.wait_leader().await;
     cluster.wait_ready().await;
+    // The restored cluster is a new one: a new name, and every member's new storage enrolled.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = cluster.status(leader).await.unwrap();
+        let renamed = status["cluster_id"].as_str().is_some_and(|name| name != old_name);
+        if renamed && status["enrolled"].as_object().is_some_and(|enrolled| enrolled.len() == 3) {
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "the restored cluster was not named anew: {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     for (i, version) in versions.iter().enumerate() {
         let answer = cluster.get(leader, &format!("k{i}")).await.unwrap();
         assert_eq!(answer.response, Response::Value(format!("v{i}").into_bytes()), "k{i}");
@@ -78,4 +92,11 @@ async fn a_stopped_followers_data_directory_restores_the_cluster() {
         assert_eq!(cluster.get_local(id, "k119").await.unwrap().response, Response::Value(b"v119".to_vec()));
         assert_eq!(cluster.get_local(id, "restored").await.unwrap().response, Response::Value(b"yes".to_vec()));
     }
+    // Later starts are ordinary ones.
+    for id in 1..=3u64 {
+        assert!(cluster.terminate(id).success());
+        cluster.nodes.get_mut(&id).unwrap().args.clear();
+        cluster.spawn(id);
+    }
+    cluster.wait_ready().await;
 }

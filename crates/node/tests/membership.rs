@@ -211,7 +211,8 @@ async fn a_wiped_node_reusing_its_id_is_refused_until_added_back_as_a_learner() 
     let until = Instant::now() + DEADLINE;
     loop {
         let status = cluster.status(leader).await.unwrap();
-        if status["enrolled"].as_object().is_some_and(|enrolled| enrolled.len() == 3) && status["cluster_id"].is_string()
+        if status["enrolled"].as_object().is_some_and(|enrolled| enrolled.len() == 3)
+            && status["cluster_id"].is_string()
         {
             break;
         }
@@ -230,7 +231,11 @@ async fn a_wiped_node_reusing_its_id_is_refused_until_added_back_as_a_learner() 
     let watch_until = Instant::now() + Duration::from_secs(5);
     while Instant::now() < watch_until {
         if let Some(status) = cluster.status(wiped).await {
-            assert_ne!(status["incarnation"].as_str(), Some(old_incarnation.as_str()), "a wiped directory is new storage");
+            assert_ne!(
+                status["incarnation"].as_str(),
+                Some(old_incarnation.as_str()),
+                "a wiped directory is new storage"
+            );
             assert_eq!(status["applied_index"], 0, "the wiped node was given the log: {status}");
         }
         assert_ne!(ready(wiped).await, 200, "the wiped node is ready\n{}", cluster.logs());
@@ -239,7 +244,9 @@ async fn a_wiped_node_reusing_its_id_is_refused_until_added_back_as_a_learner() 
     assert!(cluster.logs().contains("remove node"), "nobody said why the node is refused\n{}", cluster.logs());
 
     // The documented recovery: remove it, add it back as a learner, promote it.
-    let post = |path: &str, body: serde_json::Value| cluster.http.post(format!("{}{path}", cluster.url(leader))).json(&body).send();
+    let post = |path: &str, body: serde_json::Value| {
+        cluster.http.post(format!("{}{path}", cluster.url(leader))).json(&body).send()
+    };
     let removed = post("/cluster/members", serde_json::json!({"remove": [wiped]})).await.unwrap();
     assert_eq!(removed.status(), 200, "{}", removed.text().await.unwrap());
     let added =

@@ -9,6 +9,11 @@
 //! replaced (it may have voted in this term already, and its log is gone), or another node uses
 //! its id. Such a node must be removed and added back as a new learner, which enrolls its new
 //! storage. Messages without these headers (a node that does not send them) are not checked.
+//!
+//! A cluster restored from a backup copies one node's directory to every node, so its
+//! enrollments describe the old cluster: nodes started with `--restored` do not check them until
+//! the restored cluster's first leader names it anew, which forgets them; then every member is
+//! enrolled again.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -33,9 +38,10 @@ pub fn random_id() -> String {
     format!("{:032x}", fastrand::u128(..))
 }
 
-/// This data directory's incarnation, created (and synced) the first time.
-pub fn incarnation(db: &DB) -> Result<String, rocksdb::Error> {
-    if let Some(bytes) = db.get_cf(cf(db, RAFT_META_CF), INCARNATION_KEY)? {
+/// This data directory's incarnation, created (and synced) the first time, or anew when the
+/// directory is a copy (`fresh`): a restored backup is new storage.
+pub fn incarnation(db: &DB, fresh: bool) -> Result<String, rocksdb::Error> {
+    if let Some(bytes) = db.get_cf(cf(db, RAFT_META_CF), INCARNATION_KEY)?.filter(|_| !fresh) {
         if let Ok(text) = String::from_utf8(bytes) {
             return Ok(text);
         }
@@ -53,6 +59,9 @@ pub struct PeerIdentity {
     reader: StateReader,
     /// The incarnation each peer last showed, enrolled or not.
     seen: Arc<Mutex<BTreeMap<NodeId, String>>>,
+    /// Started on a restored backup: the cluster's name then. Until the cluster is named anew,
+    /// enrollments (the backup's) are not checked.
+    restored_from: Option<Option<String>>,
 }
 
 /// What a peer's message said about it.
@@ -66,7 +75,19 @@ pub struct Claims<'a> {
 
 impl PeerIdentity {
     pub fn new(me: NodeId, incarnation: String, reader: StateReader) -> PeerIdentity {
-        PeerIdentity { me, incarnation, reader, seen: Arc::default() }
+        PeerIdentity { me, incarnation, reader, seen: Arc::default(), restored_from: None }
+    }
+
+    /// This node starts on a backup restored into its data directory: enrollments are not
+    /// checked until the cluster, restored as a new one, is named anew ([`PeerIdentity::suspended`]).
+    pub fn restored(mut self) -> PeerIdentity {
+        self.restored_from = Some(self.cluster_id());
+        self
+    }
+
+    /// Whether checks wait for the restored cluster's new name.
+    pub fn suspended(&self) -> bool {
+        self.restored_from.as_ref().is_some_and(|from| *from == self.cluster_id())
     }
 
     /// The cluster's name, when this node has applied it.
@@ -86,6 +107,9 @@ impl PeerIdentity {
 
     /// Why this node's own storage is not the one enrolled for its id, if it is not.
     pub fn replaced(&self) -> Option<String> {
+        if self.suspended() {
+            return None;
+        }
         let enrolled = self.enrolled(self.me)?;
         (enrolled != self.incarnation).then(|| {
             format!(
@@ -98,6 +122,12 @@ impl PeerIdentity {
     /// Checks what `peer` says of itself (and, on a request, of this node); why not, if it must
     /// be refused.
     pub fn check(&self, peer: NodeId, claims: &Claims) -> Result<(), String> {
+        if let Some(incarnation) = claims.incarnation {
+            self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(peer, incarnation.to_string());
+        }
+        if self.suspended() {
+            return Ok(());
+        }
         if let (Some(theirs), Some(ours)) = (claims.cluster, self.cluster_id()) {
             if theirs != ours {
                 return Err(format!("node {peer} belongs to cluster {theirs}, node {} to cluster {ours}", self.me));
@@ -110,7 +140,6 @@ impl PeerIdentity {
             ));
         }
         let Some(incarnation) = claims.incarnation else { return Ok(()) };
-        self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(peer, incarnation.to_string());
         match self.enrolled(peer) {
             Some(enrolled) if enrolled != incarnation => Err(format!(
                 "node {peer}'s storage is incarnation {incarnation}, but {enrolled} is enrolled: its data directory was replaced, or another node uses its id; remove node {peer} and add it back as a new learner"

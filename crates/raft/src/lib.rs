@@ -124,7 +124,14 @@ pub struct NodeStorage {
 }
 
 /// Opens the storage in `data_dir` (RocksDB in `db/`, the latest snapshot in `snapshots/`).
-pub fn open(data_dir: &Path, config: Config, metrics: StorageMetrics) -> Result<NodeStorage, OpenError> {
+/// `restored`: the directory holds a copy of another node's (a restored backup), so it gets a new
+/// incarnation.
+pub fn open(
+    data_dir: &Path,
+    config: Config,
+    metrics: StorageMetrics,
+    restored: bool,
+) -> Result<NodeStorage, OpenError> {
     let io_error = |path: &Path| {
         let path = path.display().to_string();
         move |source| OpenError::Io { path, source }
@@ -146,8 +153,8 @@ pub fn open(data_dir: &Path, config: Config, metrics: StorageMetrics) -> Result<
     if let Ok(Some((_, data))) = snapshots.current() {
         shared.log_bytes.set_snapshot_size(std::fs::metadata(data).map_or(0, |m| m.len()));
     }
-    let incarnation =
-        identity::incarnation(&db).map_err(|source| OpenError::Db { path: db_path.display().to_string(), source })?;
+    let incarnation = identity::incarnation(&db, restored)
+        .map_err(|source| OpenError::Db { path: db_path.display().to_string(), source })?;
     let (applied_requests, _) = broadcast::channel(APPLIED_FEED_CAPACITY);
     let machine = StateMachine::new(config);
     let log = LogStore::new(db.clone(), metrics.clone(), committed.clone(), shared.log_bytes.clone())

@@ -28,8 +28,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::clocks::{wall_clock_ms, PeerClocks, CLOCK_HEADER, FROM_HEADER};
-use crate::identity::{Claims, PeerIdentity, CLUSTER_HEADER, EXPECTED_HEADER, INCARNATION_HEADER};
 use crate::election::{PreVoteRequest, PreVoteResponse, PREVOTE_PATH};
+use crate::identity::{Claims, PeerIdentity, CLUSTER_HEADER, EXPECTED_HEADER, INCARNATION_HEADER};
 use crate::types::{Node, NodeId, TypeConfig};
 use crate::wire::{decode, encode, CONTENT_TYPE};
 

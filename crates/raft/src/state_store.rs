@@ -493,7 +493,7 @@ mod tests {
 
     fn open(dir: &Path) -> NodeStorage {
         let metrics = StorageMetrics::register(&prometheus::Registry::new()).unwrap();
-        crate::open(dir, Config::default(), metrics).unwrap()
+        crate::open(dir, Config::default(), metrics, false).unwrap()
     }
 
     /// Every record of every state-machine table, but Raft's membership (which an install

@@ -38,7 +38,7 @@ impl Entry {
                 Operation::DropRegistrations { client_id } => client_id.len(),
                 Operation::ConfirmNotifications { .. } => 0,
                 Operation::Enroll { incarnation, .. } => incarnation.as_ref().map_or(0, String::len),
-                Operation::NameCluster { id } => id.len(),
+                Operation::NameCluster { id, .. } => id.len(),
             }
     }
 }
@@ -62,8 +62,9 @@ pub enum Operation {
     /// Records the storage incarnation of member `node` (the random id its data directory got
     /// when it was created); `None` forgets it. Without `replace` a recorded one stays.
     Enroll { node: u64, incarnation: Option<String>, replace: bool },
-    /// Names the cluster once; a later name is ignored.
-    NameCluster { id: String },
+    /// Names the cluster once; a later name is ignored, unless `anew`: then the cluster takes
+    /// this name and forgets every enrollment (a cluster restored from a backup is a new one).
+    NameCluster { id: String, anew: bool },
 }
 
 /// A client request with the envelope facts apply needs.

@@ -126,8 +126,8 @@ impl StateMachine {
                 let changed = meta::enroll(apply.txn, *node, incarnation.as_deref(), *replace)?;
                 Reply::new(Response::Int(i64::from(changed)), None)
             }
-            Operation::NameCluster { id } => {
-                Reply::new(Response::Int(i64::from(meta::name_cluster(apply.txn, id)?)), None)
+            Operation::NameCluster { id, anew } => {
+                Reply::new(Response::Int(i64::from(meta::name_cluster(apply.txn, id, *anew)?)), None)
             }
         };
         Ok(Applied { reply, notifications: apply.notifications, deduplicated: false })

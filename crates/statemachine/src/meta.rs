@@ -151,10 +151,16 @@ pub fn cluster_id(store: &(impl StorageRead + ?Sized)) -> Result<Option<String>,
     text(store, CLUSTER_ID)
 }
 
-/// Names the cluster `id` unless it has a name; whether it did.
-pub(crate) fn name_cluster(txn: &mut impl Txn, id: &str) -> Result<bool, StorageError> {
-    if cluster_id(txn)?.is_some() {
+/// Names the cluster `id` unless it has a name, or, `anew`, renames it and forgets every
+/// enrollment; whether it did.
+pub(crate) fn name_cluster(txn: &mut impl Txn, id: &str, anew: bool) -> Result<bool, StorageError> {
+    if cluster_id(txn)?.is_some() && !anew {
         return Ok(false);
+    }
+    if anew {
+        for node in enrollments(txn)?.into_keys() {
+            txn.delete(Table::Meta, incarnation_key(node));
+        }
     }
     txn.put(Table::Meta, CLUSTER_ID.to_vec(), id.as_bytes().to_vec());
     Ok(true)
