@@ -30,7 +30,7 @@ use std::fs;
 use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use statestore_statemachine::Table;
 
@@ -263,6 +263,9 @@ impl Write for SyncingFile {
 pub struct SnapshotDir {
     dir: PathBuf,
     next_temp: Arc<AtomicU64>,
+    /// One [`SnapshotDir::keep`] at a time: a build and an install may finish together, and
+    /// both write `current` through one temporary file and remove the other data files.
+    keeping: Arc<Mutex<()>>,
 }
 
 impl SnapshotDir {
@@ -283,7 +286,7 @@ impl SnapshotDir {
                 fs::remove_file(&path)?;
             }
         }
-        let snapshots = SnapshotDir { dir, next_temp: Arc::new(AtomicU64::new(0)) };
+        let snapshots = SnapshotDir { dir, next_temp: Arc::new(AtomicU64::new(0)), keeping: Arc::default() };
         snapshots.convert_inline()?;
         Ok(snapshots)
     }
@@ -300,13 +303,19 @@ impl SnapshotDir {
     }
 
     /// Makes the complete, verified snapshot in `temp` the kept one, atomically and durably;
-    /// returns the path of its data file. Older data files are removed.
+    /// returns the path of its data file. Older data files are removed. A snapshot older than the
+    /// kept one (a build that finished after an install of a later one) is left beside it, not
+    /// kept, and removed by the next keep.
     pub fn keep(&self, meta: &SnapshotMeta, temp: &Path) -> Result<PathBuf, SnapshotError> {
+        let _one_at_a_time = self.keeping.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         fs::File::open(temp)?.sync_all()?;
         let name = data_file_name(&meta.snapshot_id);
         let data = self.dir.join(&name);
         fs::rename(temp, &data)?;
         sync_dir(&self.dir)?;
+        if self.current().ok().flatten().is_some_and(|(kept, _)| kept.last_log_id > meta.last_log_id) {
+            return Ok(data);
+        }
         let meta_bytes = encode(meta).map_err(|_| SnapshotError::Malformed("meta does not encode"))?;
         let mut current = Vec::with_capacity(CURRENT_MAGIC.len() + meta_bytes.len() + name.len() + 8);
         current.extend_from_slice(CURRENT_MAGIC);
@@ -402,6 +411,7 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::LogId;
 
     /// Writes a snapshot of `records` to `out`.
     fn write_all<W: Write>(out: W, records: &[(Table, &[u8], &[u8])]) -> io::Result<W> {
@@ -519,6 +529,45 @@ mod tests {
         let reopened = SnapshotDir::new(dir.path()).unwrap();
         assert_eq!(files(dir.path()), 2, "the temporary file is gone");
         assert_eq!(reopened.current().unwrap().unwrap().0.snapshot_id, "1-1-20/../x");
+    }
+
+    /// A build and an install that finish together: `current` always names a data file that
+    /// exists, and the latest snapshot stays the kept one.
+    #[test]
+    fn concurrent_keeps_leave_the_latest_snapshot_kept_and_readable() {
+        let dir = tempfile::tempdir().unwrap();
+        let snapshots = SnapshotDir::new(dir.path()).unwrap();
+        let log_id = |index| Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index));
+        let keepers: Vec<_> = (0..2u64)
+            .map(|side| {
+                let snapshots = snapshots.clone();
+                std::thread::spawn(move || {
+                    for round in 0..100u64 {
+                        let index = round * 2 + side;
+                        let (temp, file) = snapshots.create_temp().unwrap();
+                        write_all(file, &[(Table::Keys, &index.to_be_bytes(), b"v")]).unwrap();
+                        let meta = SnapshotMeta {
+                            last_log_id: log_id(index),
+                            last_membership: Default::default(),
+                            snapshot_id: format!("1-{index}-{side}"),
+                        };
+                        snapshots.keep(&meta, &temp).unwrap();
+                        let (kept, path) = snapshots.current().unwrap().expect("a kept snapshot");
+                        assert!(kept.last_log_id >= log_id(index), "the kept snapshot went back");
+                        // The kept data file is there (another keep may replace it meanwhile).
+                        if let Ok(file) = fs::File::open(&path) {
+                            drop(file);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for keeper in keepers {
+            keeper.join().unwrap();
+        }
+        let (kept, path) = snapshots.current().unwrap().unwrap();
+        assert_eq!(kept.last_log_id, log_id(199));
+        assert_eq!(verify(&path).unwrap(), 1);
     }
 
     #[test]
