@@ -1,0 +1,427 @@
+//! The fault-injection suite: three real node processes and a real Mosquitto; concurrent MQTT
+//! clients (shaped as the SDKs send) run SET, SET NX, GET, DEL and VDEL on a few keys and record
+//! every call, while faults come one after another:
+//!
+//! - `kill`: the leader is killed with SIGKILL and started again a second later;
+//! - `pause`: the leader is stopped with SIGSTOP for 1–6 s, then continued;
+//! - `partition-leader` / `partition-follower`: a node is cut off from its peers for 3 s (every
+//!   Raft link goes through a TCP proxy the suite cuts) while it keeps its broker;
+//! - `broker`: the leader's link to the broker is cut for 3 s;
+//! - `clock`: a follower is restarted with its wall clock 30 s ahead (libfaketime) for 6 s, then
+//!   restarted with the true time.
+//!
+//! Then every fault is healed, every key read once more, and the histories checked: each key's
+//! history is linearizable (calls without an answer may have happened or not), so no
+//! acknowledged write is lost; versions of acknowledged writes to a key rise in real-time order;
+//! every node is ready again. The longest time without any answer around each fault is reported.
+//!
+//! `cargo test --release -p statestore-node --test faults` runs the short mode (150 s);
+//! `FAULTS_SECS=1800` runs the long one; `FAULTS_KINDS=pause,kill` picks the faults.
+
+mod checker;
+#[path = "../common/mod.rs"]
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use checker::{Answer, Call, Op, Verdict};
+use common::broker::Broker;
+use common::gate::Gate;
+use common::mqtt::RawClient;
+use common::{timestamp, Cluster};
+use statestore_protocol::{Command, Del, Get, Hlc, Response, Set, SetCondition, VDel};
+
+const NODES: u64 = 3;
+const CLIENTS: usize = 6;
+const KEYS: usize = 8;
+/// How long a client waits for an answer before it counts the call as unanswered.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+/// Search states the checker may visit per key.
+const CHECK_BUDGET: usize = 2_000_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    Kill,
+    Pause,
+    PartitionLeader,
+    PartitionFollower,
+    Broker,
+    Clock,
+}
+
+impl Fault {
+    const ALL: [Fault; 6] =
+        [Fault::Kill, Fault::Pause, Fault::PartitionLeader, Fault::PartitionFollower, Fault::Broker, Fault::Clock];
+
+    fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "kill",
+            Fault::Pause => "pause",
+            Fault::PartitionLeader => "partition-leader",
+            Fault::PartitionFollower => "partition-follower",
+            Fault::Broker => "broker",
+            Fault::Clock => "clock",
+        }
+    }
+}
+
+/// One recorded call.
+struct Record {
+    key: usize,
+    op: Op,
+    /// The `__ts` of the answer.
+    version: Option<Hlc>,
+}
+
+/// Three nodes whose Raft links and broker links each go through a proxy the suite can cut.
+struct Rig {
+    broker: Broker,
+    cluster: Cluster,
+    /// (from, to) → the proxy `from` reaches `to` through.
+    links: BTreeMap<(u64, u64), Gate>,
+    /// node → the proxy it reaches the broker through.
+    broker_links: BTreeMap<u64, Gate>,
+    http: reqwest::Client,
+}
+
+impl Rig {
+    async fn start() -> Rig {
+        let broker = Broker::start();
+        let mut cluster = Cluster::prepare(NODES, &[]);
+        let ports: BTreeMap<u64, u16> = cluster.nodes.iter().map(|(id, node)| (*id, node.port)).collect();
+        let mut links = BTreeMap::new();
+        for &from in ports.keys() {
+            for (&to, &port) in &ports {
+                if from != to {
+                    links.insert((from, to), Gate::start(port).await);
+                }
+            }
+        }
+        let mut broker_links = BTreeMap::new();
+        for &id in ports.keys() {
+            broker_links.insert(id, Gate::start(broker.port).await);
+        }
+        for (&id, node) in cluster.nodes.iter_mut() {
+            let routes: Vec<String> = ports
+                .keys()
+                .filter(|to| **to != id)
+                .map(|to| format!("{to}=http://127.0.0.1:{}", links[&(id, *to)].port))
+                .collect();
+            node.args = vec![
+                "--broker".into(),
+                format!("127.0.0.1:{}", broker_links[&id].port),
+                "--peer-routes".into(),
+                routes.join(","),
+            ];
+        }
+        for id in 1..=NODES {
+            cluster.spawn(id);
+        }
+        cluster.wait_ready().await;
+        let http = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap();
+        Rig { broker, cluster, links, broker_links, http }
+    }
+
+    /// The leader that the nodes answering within 500 ms agree on, waiting up to 30 s.
+    async fn leader(&self, paused: Option<u64>) -> u64 {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut named = Vec::new();
+            for id in self.cluster.running().into_iter().filter(|id| Some(*id) != paused) {
+                let status = self.http.get(format!("{}/cluster", self.cluster.url(id))).send().await;
+                if let Ok(status) = status {
+                    if let Ok(status) = status.json::<serde_json::Value>().await {
+                        named.push(status["leader"]["id"].as_u64());
+                    }
+                }
+            }
+            if let Some(Some(leader)) = named.first().copied() {
+                if Some(leader) != paused && named.iter().all(|n| *n == Some(leader)) {
+                    return leader;
+                }
+            }
+            assert!(Instant::now() < until, "no agreed leader: {named:?}\n{}", self.cluster.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn cut_off(&self, node: u64, cut: bool) {
+        for ((from, to), gate) in &self.links {
+            if *from == node || *to == node {
+                if cut {
+                    gate.cut();
+                } else {
+                    gate.heal();
+                }
+            }
+        }
+    }
+
+    /// Injects one fault and heals it; returns when it is healed.
+    async fn inject(&mut self, fault: Fault) -> String {
+        let leader = self.leader(None).await;
+        let follower = (1..=NODES).find(|id| *id != leader).unwrap();
+        match fault {
+            Fault::Kill => {
+                self.cluster.kill(leader);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                self.cluster.spawn(leader);
+                format!("node {leader} (leader) killed, restarted after 1 s")
+            }
+            Fault::Pause => {
+                let secs = fastrand::u64(1..=6);
+                self.cluster.signal(leader, "STOP");
+                tokio::time::sleep(Duration::from_secs(secs)).await;
+                self.cluster.signal(leader, "CONT");
+                format!("node {leader} (leader) paused {secs} s")
+            }
+            Fault::PartitionLeader | Fault::PartitionFollower => {
+                let node = if fault == Fault::PartitionLeader { leader } else { follower };
+                self.cut_off(node, true);
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                self.cut_off(node, false);
+                format!("node {node} cut off from its peers for 3 s")
+            }
+            Fault::Broker => {
+                self.broker_links[&leader].cut();
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                self.broker_links[&leader].heal();
+                format!("node {leader} (leader) cut off from the broker for 3 s")
+            }
+            Fault::Clock => {
+                self.cluster.kill(follower);
+                self.cluster.nodes.get_mut(&follower).unwrap().env = vec![
+                    ("LD_PRELOAD".into(), LIBFAKETIME.into()),
+                    ("FAKETIME".into(), "+30s".into()),
+                    ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+                    ("FAKETIME_DONT_RESET".into(), "1".into()),
+                ];
+                self.cluster.spawn(follower);
+                tokio::time::sleep(Duration::from_secs(6)).await;
+                self.cluster.kill(follower);
+                self.cluster.nodes.get_mut(&follower).unwrap().env.clear();
+                self.cluster.spawn(follower);
+                format!("node {follower} (follower) ran 30 s ahead for 6 s")
+            }
+        }
+    }
+}
+
+/// The request a call sends.
+fn command(key: usize, call: &Call) -> Command {
+    let key = format!("lin-{key}").into_bytes();
+    match call {
+        Call::Set(v) => Command::Set(Set::new(key, v.as_bytes())),
+        Call::SetNx(v) => {
+            Command::Set(Set { key, value: v.as_bytes().to_vec(), condition: SetCondition::NotExists, expiry_ms: None })
+        }
+        Call::Get => Command::Get(Get { key }),
+        Call::Del => Command::Del(Del { key }),
+        Call::VDel(v) => Command::VDel(VDel { key, value: v.as_bytes().to_vec() }),
+    }
+}
+
+/// Whether an answered call changed the key (its version must then be newer than earlier ones).
+fn is_write(op: &Op) -> bool {
+    matches!(
+        (&op.call, &op.answer),
+        (Call::Set(_) | Call::SetNx(_), Some(Answer::Ok)) | (Call::Del | Call::VDel(_), Some(Answer::Int(1)))
+    )
+}
+
+/// One client: calls until `stop`, one at a time.
+async fn client(
+    id: usize,
+    broker_port: u16,
+    started: Instant,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    written: Arc<Mutex<Vec<Vec<String>>>>,
+) -> (Vec<Record>, usize) {
+    let client = RawClient::connect(broker_port, &format!("faults-client-{id}")).await;
+    let (mut records, mut errors) = (Vec::new(), 0);
+    let mut seq = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        seq += 1;
+        let key = fastrand::usize(..KEYS);
+        let value = format!("c{id}-{seq}");
+        let call = match fastrand::u8(..100) {
+            0..40 => Call::Set(value.clone()),
+            40..50 => Call::SetNx(value.clone()),
+            50..75 => Call::Get,
+            75..87 => Call::Del,
+            _ => {
+                let known = written.lock().unwrap()[key].clone();
+                match known.len() {
+                    0 => Call::Get,
+                    n => Call::VDel(known[fastrand::usize(..n)].clone()),
+                }
+            }
+        };
+        if matches!(call, Call::Set(_) | Call::SetNx(_)) {
+            let mut written = written.lock().unwrap();
+            written[key].push(value);
+            if written[key].len() > 8 {
+                written[key].remove(0);
+            }
+        }
+        let payload = command(key, &call).encode();
+        let invoked = started.elapsed().as_micros() as u64;
+        let received = client.request_with(&payload, client.properties(&timestamp()), CALL_TIMEOUT).await;
+        let returned = started.elapsed().as_micros() as u64;
+        let mut op = Op { invoked, returned: None, call, answer: None };
+        let mut version = None;
+        if let Some(received) = received {
+            let answer = match Response::decode(&received.payload) {
+                Ok(Response::Ok) => Some(Answer::Ok),
+                Ok(Response::Int(n)) => Some(Answer::Int(n)),
+                Ok(Response::Nil) => Some(Answer::Nil),
+                Ok(Response::Value(v)) => Some(Answer::Value(String::from_utf8_lossy(&v).into_owned())),
+                // A refusal (-ERR) changed nothing: it is not part of the history.
+                Ok(Response::Error(_)) | Ok(Response::Keys { .. }) | Err(_) => {
+                    errors += 1;
+                    continue;
+                }
+            };
+            op.returned = Some(returned);
+            op.answer = answer;
+            version = received.user("__ts").and_then(|ts| ts.parse::<Hlc>().ok());
+        }
+        records.push(Record { key, op, version });
+    }
+    (records, errors)
+}
+
+/// The longest stretch (ms) in `[from, to]` without any answered call, given answer times (µs).
+fn longest_silence(answers: &[u64], from: u64, to: u64) -> u64 {
+    let mut last = from;
+    let mut longest = 0;
+    for &at in answers.iter().filter(|at| **at >= from && **at <= to) {
+        longest = longest.max(at - last);
+        last = at;
+    }
+    longest.max(to - last) / 1000
+}
+
+fn median(values: &mut [u64]) -> u64 {
+    values.sort_unstable();
+    values.get(values.len() / 2).copied().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
+    let secs: u64 = std::env::var("FAULTS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(150);
+    let kinds: Vec<Fault> = match std::env::var("FAULTS_KINDS") {
+        Ok(list) => list
+            .split(',')
+            .map(|name| *Fault::ALL.iter().find(|f| f.name() == name.trim()).expect("a fault kind"))
+            .collect(),
+        Err(_) => Fault::ALL.to_vec(),
+    };
+    assert!(std::path::Path::new(LIBFAKETIME).exists(), "{LIBFAKETIME} is missing: cluster/packages.sh --tests");
+    let mut rig = Rig::start().await;
+    let started = Instant::now();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let written = Arc::new(Mutex::new(vec![Vec::new(); KEYS]));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|id| tokio::spawn(client(id, rig.broker.port, started, stop.clone(), written.clone())))
+        .collect();
+
+    // Faults, one after another, with 3 s of calm between them.
+    let mut faults: Vec<(Fault, u64, u64)> = Vec::new();
+    let mut round = 0;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    while started.elapsed() < Duration::from_secs(secs) {
+        let fault = kinds[round % kinds.len()];
+        round += 1;
+        let from = started.elapsed().as_micros() as u64;
+        let what = rig.inject(fault).await;
+        let healed = started.elapsed().as_micros() as u64;
+        println!("{:6.1} s  {:<18} {what}", from as f64 / 1e6, fault.name());
+        faults.push((fault, from, healed));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut records, mut errors) = (Vec::new(), 0);
+    for client in clients {
+        let (r, e) = client.await.unwrap();
+        records.extend(r);
+        errors += e;
+    }
+    let ended = started.elapsed().as_micros() as u64;
+
+    // Every node is ready again, and a final read of every key joins the histories.
+    rig.cluster.wait_ready().await;
+    let reader = RawClient::connect(rig.broker.port, "faults-final-reader").await;
+    for key in 0..KEYS {
+        let invoked = started.elapsed().as_micros() as u64;
+        let received = reader.request(&command(key, &Call::Get).encode(), &timestamp()).await;
+        let answer = match Response::decode(&received.payload).unwrap() {
+            Response::Nil => Answer::Nil,
+            Response::Value(v) => Answer::Value(String::from_utf8_lossy(&v).into_owned()),
+            other => panic!("the final read of lin-{key} answered {other:?}"),
+        };
+        let returned = started.elapsed().as_micros() as u64;
+        let op = Op { invoked, returned: Some(returned), call: Call::Get, answer: Some(answer) };
+        records.push(Record { key, op, version: None });
+    }
+
+    // Linearizability per key, and versions of acknowledged writes rising in real time.
+    let mut anomalies = Vec::new();
+    for key in 0..KEYS {
+        let ops: Vec<Op> = records.iter().filter(|r| r.key == key).map(|r| r.op.clone()).collect();
+        match checker::check(&ops, CHECK_BUDGET) {
+            Verdict::Linearizable => {}
+            Verdict::NotLinearizable(why) => anomalies.push(format!("lin-{key} is not linearizable: {why}")),
+            Verdict::Undecided => anomalies.push(format!("lin-{key}: undecided within {CHECK_BUDGET} states")),
+        }
+        let mut writes: Vec<(&Op, &Hlc)> = records
+            .iter()
+            .filter(|r| r.key == key && is_write(&r.op))
+            .filter_map(|r| r.version.as_ref().map(|v| (&r.op, v)))
+            .collect();
+        writes.sort_by_key(|(op, _)| op.invoked);
+        for (a, va) in &writes {
+            for (b, vb) in &writes {
+                if a.returned.is_some_and(|returned| returned < b.invoked) && va >= vb {
+                    anomalies.push(format!("lin-{key}: version {vb} after {va}, which was acknowledged before it"));
+                }
+            }
+        }
+    }
+
+    // The longest time without an answer around each fault: from its start until the next one
+    // starts (the calm after it included).
+    let mut answers: Vec<u64> =
+        records.iter().filter_map(|r| r.op.returned.filter(|_| r.op.answer.is_some())).collect();
+    answers.sort_unstable();
+    let mut gaps: BTreeMap<Fault, Vec<u64>> = BTreeMap::new();
+    for (i, (fault, from, _)) in faults.iter().enumerate() {
+        let until = faults.get(i + 1).map_or(ended, |next| next.1);
+        gaps.entry(*fault).or_default().push(longest_silence(&answers, *from, until));
+    }
+    let answered = records.iter().filter(|r| r.op.answer.is_some()).count();
+    let unanswered = records.len() - answered;
+    println!(
+        "\n{} s, {} calls: {answered} answered, {unanswered} unanswered, {errors} refused with -ERR",
+        secs,
+        records.len()
+    );
+    println!("{:<18} {:>6} {:>22} {:>18}", "fault", "cycles", "no answer, median ms", "no answer, max ms");
+    for (fault, values) in &mut gaps {
+        let max = values.iter().copied().max().unwrap_or(0);
+        println!("{:<18} {:>6} {:>22} {:>18}", fault.name(), values.len(), median(values), max);
+    }
+    println!("linearizability anomalies (acknowledged writes lost included): {}", anomalies.len());
+    for anomaly in &anomalies {
+        println!("  {anomaly}");
+    }
+    assert!(anomalies.is_empty(), "{}", anomalies.join("\n"));
+    for (fault, values) in &gaps {
+        let max = values.iter().copied().max().unwrap_or(0);
+        assert!(max < 15_000, "{}: {max} ms without any answer\n{}", fault.name(), rig.cluster.logs());
+    }
+}
