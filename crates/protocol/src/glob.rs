@@ -83,12 +83,21 @@ impl Pattern {
 
     /// Whether the whole of `key` matches.
     pub fn matches(&self, key: &str) -> bool {
+        let mut unlimited = u64::MAX;
+        self.matches_within(key, &mut unlimited).unwrap_or(false)
+    }
+
+    /// Whether the whole of `key` matches, taking at most `steps` (one per character compared,
+    /// decremented as it goes); `None` when they run out first. A long pattern full of `*` over
+    /// long keys costs up to `len(key) * len(pattern)` steps.
+    pub fn matches_within(&self, key: &str, steps: &mut u64) -> Option<bool> {
         let key: Vec<char> = key.chars().collect();
         // Every token but `*` consumes exactly one character, so the classic two-pointer
         // algorithm with one backtrack point (the last `*`) is exact and O(len(key) * len(pattern)).
         let (mut t, mut k) = (0, 0);
         let mut backtrack: Option<(usize, usize)> = None;
         while k < key.len() {
+            *steps = steps.checked_sub(1)?;
             match self.tokens.get(t) {
                 Some(Token::AnySequence) => {
                     backtrack = Some((t, k));
@@ -104,11 +113,11 @@ impl Pattern {
                         k = from + 1;
                         backtrack = Some((star, from + 1));
                     }
-                    None => return false,
+                    None => return Some(false),
                 },
             }
         }
-        self.tokens[t..].iter().all(|token| *token == Token::AnySequence)
+        Some(self.tokens[t..].iter().all(|token| *token == Token::AnySequence))
     }
 }
 

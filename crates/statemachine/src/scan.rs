@@ -22,11 +22,15 @@ pub struct ScanLimits {
     /// A page ends after examining this many stored keys, matching or not, so a sparse pattern
     /// over a large store cannot make one request arbitrarily slow.
     pub examine: usize,
+    /// A page ends before the key whose matching would take its character comparisons past
+    /// this many, so a long pattern full of `*` over long keys cannot either. The first key of
+    /// a page is always decided, so every page makes progress.
+    pub match_steps: u64,
 }
 
 impl Default for ScanLimits {
     fn default() -> Self {
-        ScanLimits { page_keys: 100, page_bytes: 256 * 1024, examine: 10_000 }
+        ScanLimits { page_keys: 100, page_bytes: 256 * 1024, examine: 10_000, match_steps: 4_000_000 }
     }
 }
 
@@ -56,12 +60,25 @@ pub(crate) fn scan(
     let prefix = pattern.literal_prefix().into_bytes();
     let mut cursor = scan.token.as_ref().map(|t| t.to_vec());
     let (mut keys, mut bytes, mut examined) = (Vec::new(), 0usize, 0usize);
+    let mut steps = limits.match_steps;
     loop {
         let batch = store.scan(Table::Keys, &prefix, cursor.as_deref(), BATCH)?;
         let exhausted = batch.len() < BATCH;
         for (key, record) in batch {
             examined += 1;
-            if KeyRecord::decode(&record)?.is_live(now) && std::str::from_utf8(&key).is_ok_and(|k| pattern.matches(k)) {
+            let matched = match std::str::from_utf8(&key) {
+                Ok(text) if KeyRecord::decode(&record)?.is_live(now) => {
+                    let mut budget = if examined == 1 { u64::MAX } else { steps };
+                    let Some(matched) = pattern.matches_within(text, &mut budget) else {
+                        // Out of steps: the page ends before this key, which the next page decides.
+                        return Ok(page(keys, cursor));
+                    };
+                    steps = if examined == 1 { steps.saturating_sub(u64::MAX - budget) } else { budget };
+                    matched
+                }
+                _ => false,
+            };
+            if matched {
                 bytes += key.len();
                 keys.push(key.clone());
             }

@@ -108,7 +108,10 @@ fn changes_between_pages() {
 
 #[test]
 fn a_sparse_pattern_over_many_keys_returns_bounded_pages() {
-    let config = Config { scan: ScanLimits { page_keys: 100, page_bytes: 1 << 20, examine: 50 }, ..Default::default() };
+    let config = Config {
+        scan: ScanLimits { page_keys: 100, page_bytes: 1 << 20, examine: 50, ..Default::default() },
+        ..Default::default()
+    };
     let (mut h, mut c) = (Harness::with_config(config), Client::new("c"));
     for i in 0..200 {
         ok(&h.send(&mut c, set(&format!("k{i:03}"), "v"), None));
@@ -123,8 +126,10 @@ fn a_sparse_pattern_over_many_keys_returns_bounded_pages() {
 
 #[test]
 fn pages_are_bounded_in_bytes() {
-    let config =
-        Config { scan: ScanLimits { page_keys: 1000, page_bytes: 100, examine: 10_000 }, ..Default::default() };
+    let config = Config {
+        scan: ScanLimits { page_keys: 1000, page_bytes: 100, examine: 10_000, ..Default::default() },
+        ..Default::default()
+    };
     let (mut h, mut c) = (Harness::with_config(config), Client::new("c"));
     for i in 0..10 {
         ok(&h.send(&mut c, set(&format!("{i}{}", "k".repeat(40)), "v"), None));
@@ -141,4 +146,23 @@ fn scan_through_the_log_matches_the_read_path() {
     ok(&h.send(&mut c, set("a", "v"), None));
     let via_log = h.send(&mut c, scan("*", None), None);
     assert_eq!(via_log.reply, h.read(scan("*", None)));
+}
+
+/// A long pattern full of `*` over long keys costs up to len(key) x len(pattern) comparisons per
+/// key: a page ends once it has spent its comparisons, and the scan still lists every match.
+#[test]
+fn a_costly_pattern_over_long_keys_returns_bounded_pages() {
+    let config = Config { scan: ScanLimits { match_steps: 200_000, ..Default::default() }, ..Default::default() };
+    let (mut h, mut c) = (Harness::with_config(config), Client::new("c"));
+    for i in 0..40 {
+        ok(&h.send(&mut c, set(&format!("{i:02}{}", "a".repeat(2_000)), "v"), None));
+    }
+    ok(&h.send(&mut c, set(&format!("39{}b", "a".repeat(2_000)), "v"), None));
+    // Every start position compares up to 1,000 characters before the `b` fails: 2 M per key.
+    let pattern = format!("*{}b", "a".repeat(1_000));
+    let Response::Keys { keys, token } = h.read(scan(&pattern, None)).response else { panic!() };
+    assert!(keys.is_empty() && token.is_some(), "the first page stops early");
+    let (keys, pages) = scan_all(&h, &pattern);
+    assert_eq!(keys, [format!("39{}b", "a".repeat(2_000))]);
+    assert!(pages > 2, "{pages} pages");
 }
