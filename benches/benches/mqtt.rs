@@ -84,6 +84,7 @@ async fn start_cluster(dir: &std::path::Path, mqtt_port: u16) -> Vec<RunningNode
             initial_members: parse_members(&members).unwrap(),
             peer_routes: Default::default(),
             cluster_secret: None,
+            tls: None,
             heartbeat: Duration::from_millis(50),
             restored: false,
             max_clock_offset: Duration::from_millis(statestore_node::config::DEFAULT_MAX_CLOCK_OFFSET_MS),
@@ -108,6 +109,7 @@ async fn start_cluster(dir: &std::path::Path, mqtt_port: u16) -> Vec<RunningNode
                 client_inflight: 500,
                 max_packet_size: 16 << 20,
                 follower_qos: 0,
+                access: None,
             }),
         };
         nodes.push(server::start(&config).await.unwrap());

@@ -23,6 +23,7 @@ fn config(id: u64, port: u16, members: &str, dir: &std::path::Path) -> NodeConfi
         initial_members: parse_members(members).unwrap(),
         peer_routes: Default::default(),
         cluster_secret: None,
+        tls: None,
         heartbeat: Duration::from_millis(50),
         restored: false,
         max_clock_offset: Duration::from_millis(statestore_node::config::DEFAULT_MAX_CLOCK_OFFSET_MS),

@@ -1,5 +1,6 @@
-//! TLS to the broker with rustls (ring): the CA file's certificates or the system roots, and an
-//! optional client certificate for mutual TLS. Shared by the node and the CLI.
+//! TLS clients with rustls (ring), to the broker or to the nodes' HTTPS port: the CA file's
+//! certificates or the system roots, and an optional client certificate for mutual TLS. Shared
+//! by the node and the CLI.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -37,23 +38,27 @@ pub fn client_config(tls: &TlsConfig) -> anyhow::Result<rustls::ClientConfig> {
         .context("TLS protocol versions")?
         .with_root_certificates(roots);
     Ok(match &tls.client_auth {
-        Some((cert, key)) => {
-            let chain = read_certs(cert)?;
-            let file = File::open(key).with_context(|| format!("opening {}", key.display()))?;
-            let key = rustls_pemfile::private_key(&mut BufReader::new(file))
-                .with_context(|| format!("reading {}", key.display()))?
-                .with_context(|| format!("no private key in {}", key.display()))?;
-            builder.with_client_auth_cert(chain, key).context("the client certificate and key do not match")?
-        }
+        Some((cert, key)) => builder
+            .with_client_auth_cert(read_certs(cert)?, read_private_key(key)?)
+            .context("the client certificate and key do not match")?,
         None => builder.with_no_client_auth(),
     })
 }
 
-fn read_certs(path: &Path) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
+/// The PEM certificates in the file at `path`; none is an error.
+pub fn read_certs(path: &Path) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let certs = rustls_pemfile::certs(&mut BufReader::new(file))
         .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("reading certificates from {}", path.display()))?;
     anyhow::ensure!(!certs.is_empty(), "no certificate in {}", path.display());
     Ok(certs)
+}
+
+/// The first PEM private key in the file at `path`.
+pub fn read_private_key(path: &Path) -> anyhow::Result<rustls::pki_types::PrivateKeyDer<'static>> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    rustls_pemfile::private_key(&mut BufReader::new(file))
+        .with_context(|| format!("reading {}", path.display()))?
+        .with_context(|| format!("no private key in {}", path.display()))
 }

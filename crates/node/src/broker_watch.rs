@@ -42,7 +42,7 @@ enum Handover {
 /// Follows `connected` (true while the broker connection is up) until it closes.
 pub(crate) async fn follow_broker(node: Arc<Node>, mut connected: watch::Receiver<bool>) {
     let lease = node.elector.lease();
-    let client = match reqwest::Client::builder().timeout(lease).build() {
+    let client = match node.http_client(lease) {
         Ok(client) => client,
         Err(e) => {
             tracing::error!(error = %e, "cannot build the HTTP client that asks peers whether they are ready");

@@ -23,7 +23,8 @@ pub struct Args {
     /// Address the HTTP server binds (Raft RPC, cluster API, metrics). Default 127.0.0.1:7400.
     #[arg(long, env = "STATESTORE_LISTEN")]
     pub listen: Option<SocketAddr>,
-    /// URL other nodes and operators reach this node at. Default `http://<listen>`.
+    /// URL other nodes and operators reach this node at. Default `http://<listen>`, or
+    /// `https://<listen>` with TLS.
     #[arg(long, env = "STATESTORE_ADVERTISE")]
     pub advertise: Option<String>,
     /// Directory for the RocksDB database and snapshots. Default `./data/node-<id>`.
@@ -42,6 +43,19 @@ pub struct Args {
     /// STATESTORE_CLUSTER_SECRET. Never on the command line. Default: none, every route open.
     #[arg(long, env = "STATESTORE_CLUSTER_SECRET_FILE")]
     pub cluster_secret_file: Option<PathBuf>,
+    /// PEM certificate chain of this node (with --tls-key and --tls-ca): the HTTP port then
+    /// speaks only HTTPS, peers are reached over HTTPS with this certificate as the client's,
+    /// and Raft RPC, membership changes and `/v1/command` need a client certificate that
+    /// --tls-ca signs. It must name the host of --advertise. Default: plain HTTP.
+    #[arg(long, env = "STATESTORE_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "STATESTORE_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM certificates of the CA that signs every node's certificate and the operators' client
+    /// certificates; the only one trusted between nodes.
+    #[arg(long, env = "STATESTORE_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
     /// Leader heartbeat interval in milliseconds. Default 50.
     #[arg(long, env = "STATESTORE_HEARTBEAT_MS")]
     pub heartbeat_ms: Option<u64>,
@@ -132,6 +146,11 @@ pub struct Args {
     /// missed when it returns). The leader always subscribes at QoS 1.
     #[arg(long, env = "STATESTORE_BROKER_FOLLOWER_QOS")]
     pub broker_follower_qos: Option<u8>,
+    /// A TOML file mapping MQTT client ids (the `clients/<id>/` of their response topics) to the
+    /// key prefixes each may use; other keys are answered `not authorized` (docs/operations.md, Security).
+    /// Every node must load the same file. Default: none, every client may use every key.
+    #[arg(long, env = "STATESTORE_AUTHORIZATION_FILE")]
+    pub authorization_file: Option<PathBuf>,
 }
 
 /// The same settings, read from the TOML file.
@@ -145,6 +164,9 @@ struct FileConfig {
     initial_members: Option<String>,
     peer_routes: Option<String>,
     cluster_secret_file: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
     heartbeat_ms: Option<u64>,
     max_clock_offset_ms: Option<u64>,
     election_min_ms: Option<u64>,
@@ -169,6 +191,7 @@ struct FileConfig {
     broker_client_inflight: Option<u16>,
     broker_max_packet_size: Option<u32>,
     broker_follower_qos: Option<u8>,
+    authorization_file: Option<PathBuf>,
 }
 
 /// A complete, checked node configuration.
@@ -183,6 +206,8 @@ pub struct NodeConfig {
     pub peer_routes: BTreeMap<NodeId, String>,
     /// What Raft RPC, membership changes and `/v1/command` must carry; `None`: nothing.
     pub cluster_secret: Option<ClusterSecret>,
+    /// HTTPS between nodes, with client certificates; `None`: plain HTTP.
+    pub tls: Option<NodeTls>,
     pub heartbeat: Duration,
     /// Clocks further apart than this disagree (zero: never).
     pub max_clock_offset: Duration,
@@ -220,9 +245,34 @@ pub struct BrokerConfig {
     pub max_packet_size: u32,
     /// QoS of a follower's request subscription (0 or 1); the leader's is always 1.
     pub follower_qos: u8,
+    /// Which keys each client may use; `None`: every key.
+    pub access: Option<KeyAccess>,
 }
 
 pub use statestore_client::secret::ClusterSecret;
+
+use crate::access::KeyAccess;
+
+/// The files of a node's TLS identity; every node of a cluster trusts the same CA.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+impl NodeTls {
+    /// How this node connects to its peers: trusting only the CA, presenting its certificate.
+    pub fn client_config(&self) -> anyhow::Result<rustls::ClientConfig> {
+        statestore_client::tls::client_config(&TlsConfig {
+            ca: Some(self.ca.clone()),
+            client_auth: Some((self.cert.clone(), self.key.clone())),
+        })
+    }
+
+    /// The URL scheme of every node of a cluster with TLS.
+    pub const SCHEME: &'static str = "https://";
+}
 
 /// The default of `--max-clock-offset-ms`.
 pub const DEFAULT_MAX_CLOCK_OFFSET_MS: u64 = 1_000;
@@ -245,14 +295,18 @@ pub enum ConfigError {
     InitialMembers(String),
     #[error("--peer-routes: {0}")]
     PeerRoutes(String),
-    #[error("--advertise must be an http:// URL, not {0:?}")]
-    Advertise(String),
+    #[error("--advertise must be an {scheme} URL, not {url:?}")]
+    Advertise { url: String, scheme: &'static str },
+    #[error("tls: {0}")]
+    Tls(String),
     #[error("timings: {0}")]
     Timings(String),
     #[error("broker: {0}")]
     Broker(String),
     #[error("cluster secret: {0}")]
     Secret(String),
+    #[error("--authorization-file: {0}")]
+    Authorization(String),
 }
 
 /// The default of `--snapshot-log-bytes`.
@@ -270,9 +324,11 @@ impl NodeConfig {
         }
         let broker = broker_config(id, &args, &file)?;
         let listen = args.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7400)));
-        let advertise = args.advertise.or(file.advertise).unwrap_or_else(|| format!("http://{listen}"));
-        if !advertise.starts_with("http://") || advertise.len() <= "http://".len() {
-            return Err(ConfigError::Advertise(advertise));
+        let tls = node_tls(&args, &file)?;
+        let scheme = if tls.is_some() { NodeTls::SCHEME } else { "http://" };
+        let advertise = args.advertise.or(file.advertise).unwrap_or_else(|| format!("{scheme}{listen}"));
+        if !advertise.starts_with(scheme) || advertise.len() <= scheme.len() {
+            return Err(ConfigError::Advertise { url: advertise, scheme });
         }
         let initial_members = match args.initial_members.or(file.initial_members) {
             Some(list) => parse_members(&list)?,
@@ -285,6 +341,11 @@ impl NodeConfig {
             })?,
             None => BTreeMap::new(),
         };
+        for (flag, list) in [("--initial-members", &initial_members), ("--peer-routes", &peer_routes)] {
+            if let Some(url) = list.values().find(|url| !url.starts_with(scheme)) {
+                return Err(ConfigError::Tls(format!("{flag} lists {url}, but this node's peers are {scheme} URLs")));
+            }
+        }
         if let Some(address) = initial_members.get(&id) {
             if address.trim_end_matches('/') != advertise.trim_end_matches('/') {
                 return Err(ConfigError::InitialMembers(format!(
@@ -304,6 +365,7 @@ impl NodeConfig {
             initial_members,
             peer_routes,
             cluster_secret,
+            tls,
             heartbeat: Duration::from_millis(args.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(50)),
             restored: args.restored,
             max_clock_offset: Duration::from_millis(
@@ -351,6 +413,24 @@ impl NodeConfig {
     }
 }
 
+/// TLS between nodes: all three files, or none.
+fn node_tls(args: &Args, file: &FileConfig) -> Result<Option<NodeTls>, ConfigError> {
+    let cert = args.tls_cert.clone().or(file.tls_cert.clone());
+    let key = args.tls_key.clone().or(file.tls_key.clone());
+    let ca = args.tls_ca.clone().or(file.tls_ca.clone());
+    let (cert, key, ca) = match (cert, key, ca) {
+        (None, None, None) => return Ok(None),
+        (Some(cert), Some(key), Some(ca)) => (cert, key, ca),
+        _ => return Err(ConfigError::Tls("--tls-cert, --tls-key and --tls-ca go together".into())),
+    };
+    for path in [&cert, &key, &ca] {
+        if !path.is_file() {
+            return Err(ConfigError::Tls(format!("{} is not a readable file", path.display())));
+        }
+    }
+    Ok(Some(NodeTls { cert, key, ca }))
+}
+
 /// The secret in `STATESTORE_CLUSTER_SECRET`, if set and not empty.
 fn secret_from_env() -> Result<Option<ClusterSecret>, ConfigError> {
     use statestore_client::secret::SECRET_ENV;
@@ -365,8 +445,16 @@ fn secret_from_env() -> Result<Option<ClusterSecret>, ConfigError> {
 /// The broker settings, or `None` when no broker is given.
 fn broker_config(id: NodeId, args: &Args, file: &FileConfig) -> Result<Option<BrokerConfig>, ConfigError> {
     let error = |detail: String| Err(ConfigError::Broker(detail));
+    let access_file = args.authorization_file.clone().or(file.authorization_file.clone());
     let Some(address) = args.broker.clone().or(file.broker.clone()) else {
+        if access_file.is_some() {
+            return Err(ConfigError::Authorization("it authorizes MQTT clients: it needs --broker".into()));
+        }
         return Ok(None);
+    };
+    let access = match access_file {
+        Some(path) => Some(KeyAccess::from_file(&path).map_err(ConfigError::Authorization)?),
+        None => None,
     };
     let Some((host, port)) = address.rsplit_once(':') else {
         return error(format!("{address:?} is not host:port"));
@@ -437,6 +525,7 @@ fn broker_config(id: NodeId, args: &Args, file: &FileConfig) -> Result<Option<Br
         client_inflight,
         max_packet_size,
         follower_qos,
+        access,
     }))
 }
 
@@ -446,7 +535,7 @@ fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
     toml::from_str(&text).map_err(|e| error(e.message().to_string()))
 }
 
-/// Parses `1=http://host:port,2=http://host:port`.
+/// Parses `1=http://host:port,2=http://host:port` (or `https://`).
 pub fn parse_members(list: &str) -> Result<BTreeMap<NodeId, String>, ConfigError> {
     let error = |detail: String| ConfigError::InitialMembers(detail);
     let mut members = BTreeMap::new();
@@ -457,8 +546,9 @@ pub fn parse_members(list: &str) -> Result<BTreeMap<NodeId, String>, ConfigError
             return Err(error("node ids are positive".into()));
         }
         let address = address.trim().trim_end_matches('/');
-        if !address.starts_with("http://") || address.len() <= "http://".len() {
-            return Err(error(format!("{address:?} is not an http:// URL")));
+        let rest = address.strip_prefix("http://").or_else(|| address.strip_prefix("https://"));
+        if rest.is_none_or(str::is_empty) {
+            return Err(error(format!("{address:?} is not an http:// or https:// URL")));
         }
         if members.insert(id, address.to_string()).is_some() {
             return Err(error(format!("node {id} is listed twice")));
@@ -511,7 +601,7 @@ mod tests {
         assert!(matches!(elsewhere, ConfigError::InitialMembers(_)));
         assert!(matches!(
             NodeConfig::from_args(args(&["--id", "1", "--advertise", "10.0.0.1:7400"])).unwrap_err(),
-            ConfigError::Advertise(_)
+            ConfigError::Advertise { .. }
         ));
     }
 
@@ -523,6 +613,33 @@ mod tests {
         let wrong = NodeConfig::from_args(args(&["--id", "1", "--peer-routes", "2=ftp://proxy"])).unwrap_err();
         assert!(matches!(wrong, ConfigError::PeerRoutes(_)), "{wrong:?}");
         assert!(wrong.to_string().starts_with("--peer-routes: "), "{wrong}");
+    }
+
+    #[test]
+    fn an_authorization_file_is_read_and_a_wrong_one_refuses_to_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("access.toml");
+        std::fs::write(&good, "[clients]\n\"a\" = [\"a/\"]\n").unwrap();
+        let flag = format!("--authorization-file={}", good.display());
+        let broker = NodeConfig::from_args(args(&["--id", "1", "--broker", "h:1", &flag])).unwrap().broker.unwrap();
+        assert_eq!(broker.access, Some(KeyAccess::parse("[clients]\n\"a\" = [\"a/\"]\n").unwrap()));
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, "[clients]\n\"a\" = \"a/\"\n").unwrap();
+        let missing = dir.path().join("missing.toml");
+        for (list, needle) in [
+            (vec!["--broker", "h:1", &format!("--authorization-file={}", bad.display())], "bad.toml"),
+            (vec!["--broker", "h:1", &format!("--authorization-file={}", missing.display())], "missing.toml"),
+            (vec![&flag[..]], "needs --broker"),
+        ] {
+            let mut all = vec!["--id", "1"];
+            all.extend(list.iter().map(|s| &s[..]));
+            let error = NodeConfig::from_args(args(&all)).unwrap_err();
+            assert!(matches!(error, ConfigError::Authorization(_)), "{error:?}");
+            assert!(
+                error.to_string().starts_with("--authorization-file: ") && error.to_string().contains(needle),
+                "{error}"
+            );
+        }
     }
 
     #[test]

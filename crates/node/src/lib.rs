@@ -10,18 +10,22 @@
 //! - [`leader`]: leader duties beside the pipeline: the leadership watch, the expiry sweeper,
 //!   notification publishing through a [`leader::NotificationSink`], outbox confirmation and
 //!   registration drops.
+//! - [`access`]: per-client key authorization (`--authorization-file`), applied by the MQTT
+//!   front end.
 //! - `broker_watch`: leadership follows the broker connection: a node without its broker does
 //!   not stand for election, and a leader without it hands leadership over.
 //! - [`clock_watch`]: leadership follows the clocks: a leader whose wall clock disagrees with
 //!   most voters' proposes nothing and hands leadership over.
 //! - `enrollment`: the leader names the cluster once and enrolls each member's storage
 //!   incarnation (checked on every Raft message, `statestore_raft::identity`).
-//! - [`http`]: the axum server — Raft RPC, the cluster API, health, readiness, metrics, commands.
+//! - [`http`]: the axum server — Raft RPC, the cluster API, health, readiness, metrics, commands;
+//!   HTTPS with client certificates when the node has a TLS identity.
 //! - [`metrics`]: the Prometheus registry and Raft gauges.
 //! - [`mqtt`]: the MQTT5 front end — an adapter from the broker to the pipeline: the state
 //!   store protocol, the follower shadow, and the notification sink.
 //! - [`server`]: runs a node until SIGTERM or SIGINT.
 
+pub mod access;
 mod broker_watch;
 pub mod clock_watch;
 pub mod config;

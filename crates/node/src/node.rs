@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use anyhow::Context;
 use openraft::error::{ForwardToLeader, InitializeError, RaftError};
 use openraft::{BasicNode, SnapshotPolicy};
 use statestore_protocol::Request;
@@ -96,6 +97,8 @@ pub struct Node {
     pub max_http_commands: usize,
     /// What Raft RPC, membership changes and `/v1/command` must carry, if anything.
     pub cluster_secret: Option<crate::config::ClusterSecret>,
+    /// How this node connects to its peers over TLS (`--tls-*`); `None`: plain HTTP.
+    pub peer_tls: Option<rustls::ClientConfig>,
     /// This node's clock against its peers', as their Raft messages show them.
     pub clock_check: ClockCheck,
     /// The cluster's name and each member's storage incarnation, checked on every Raft message.
@@ -136,9 +139,18 @@ impl Node {
             identity = identity.restored();
         }
         let checks = PeerChecks { me: config.id, clocks: clocks.clone(), identity: Some(identity.clone()) };
-        let network = NetworkFactory::new(config.heartbeat, config.peer_routes.clone(), authorization.as_deref())
-            .map_err(|e| anyhow::anyhow!("the Raft network: {e}"))?
-            .with_checks(checks);
+        let peer_tls = match &config.tls {
+            Some(tls) => Some(tls.client_config().context("the TLS settings (--tls-*)")?),
+            None => None,
+        };
+        let network = NetworkFactory::new(
+            config.heartbeat,
+            config.peer_routes.clone(),
+            authorization.as_deref(),
+            peer_tls.clone(),
+        )
+        .map_err(|e| anyhow::anyhow!("the Raft network: {e}"))?
+        .with_checks(checks);
         if config.cluster_secret.is_none() {
             tracing::warn!(
                 "no cluster secret: Raft RPC, membership changes and /v1/command accept anyone who reaches {}",
@@ -174,6 +186,7 @@ impl Node {
             http_commands: Arc::new(tokio::sync::Semaphore::new(config.max_http_commands)),
             max_http_commands: config.max_http_commands,
             cluster_secret: config.cluster_secret.clone(),
+            peer_tls,
             clock_check: clock_check.clone(),
             identity,
         });
@@ -226,7 +239,7 @@ impl Node {
         initial_members: &BTreeMap<NodeId, String>,
         peer_routes: &BTreeMap<NodeId, String>,
     ) -> Option<NodeId> {
-        let client = reqwest::Client::builder().timeout(Duration::from_millis(300)).build().ok()?;
+        let client = self.http_client(Duration::from_millis(300)).ok()?;
         for (id, advertised) in initial_members.iter().filter(|(id, _)| **id != self.id) {
             let address = peer_routes.get(id).unwrap_or(advertised);
             let Ok(response) = client.get(format!("{address}/cluster")).send().await else { continue };
@@ -236,6 +249,16 @@ impl Node {
             }
         }
         None
+    }
+
+    /// An HTTP client for this node's peers: over TLS with this node's certificate when the
+    /// cluster uses TLS. Every request gives up after `timeout`.
+    pub fn http_client(&self, timeout: Duration) -> reqwest::Result<reqwest::Client> {
+        let builder = reqwest::Client::builder().timeout(timeout);
+        match &self.peer_tls {
+            Some(tls) => builder.use_preconfigured_tls(tls.clone()).build(),
+            None => builder.build(),
+        }
     }
 
     /// Executes a client request through the pipeline: GET and SCAN are read linearizably,

@@ -38,6 +38,8 @@ impl RunningNode {
 pub async fn start(config: &NodeConfig) -> anyhow::Result<RunningNode> {
     // Bind first: a port taken by another process is reported before anything is written.
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+    let tls_server =
+        config.tls.as_ref().map(http::tls::server_config).transpose().context("the TLS settings (--tls-*)")?;
     let node = Node::start(config).await.context("starting the node")?;
     tracing::info!(id = config.id, listen = %config.listen, advertise = %config.advertise, "serving");
     let front_end = match &config.broker {
@@ -48,15 +50,25 @@ pub async fn start(config: &NodeConfig) -> anyhow::Result<RunningNode> {
         None => None,
     };
     let (stop, stopped) = oneshot::channel::<()>();
-    let app = http::router(node.clone());
-    let served = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stopped.await;
+    let stopped = async move {
+        let _ = stopped.await;
+    };
+    let served = match tls_server {
+        Some(tls) => {
+            let listener = http::tls::TlsListener::new(listener, tls)?;
+            let app =
+                http::router(node.clone(), true).into_make_service_with_connect_info::<http::tls::ClientCertificate>();
+            tokio::spawn(async move {
+                axum::serve(listener, app).with_graceful_shutdown(stopped).await.context("serving HTTPS")
             })
-            .await
-            .context("serving HTTP")
-    });
+        }
+        None => {
+            let app = http::router(node.clone(), false);
+            tokio::spawn(async move {
+                axum::serve(listener, app).with_graceful_shutdown(stopped).await.context("serving HTTP")
+            })
+        }
+    };
     Ok(RunningNode { node, front_end, stop, served })
 }
 

@@ -52,7 +52,16 @@ async fn a_stopped_followers_data_directory_restores_the_cluster() {
 
     // Disaster: every node stops; each gets the backup in place of its data; all start, the
     // first time with `--restored`.
-    let old_name = cluster.status(leader).await.unwrap()["cluster_id"].as_str().unwrap().to_string();
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let old_name = loop {
+        // The leader names the cluster within a second of leading.
+        let status = cluster.status(leader).await.unwrap();
+        if let Some(name) = status["cluster_id"].as_str() {
+            break name.to_string();
+        }
+        assert!(std::time::Instant::now() < until, "the cluster was never named: {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     for id in cluster.running() {
         cluster.kill(id);
     }

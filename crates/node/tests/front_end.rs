@@ -11,7 +11,8 @@ use clap::Parser;
 use futures::future::BoxFuture;
 use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
-use statestore_node::mqtt::{Delivered, Delivery, FrontEnd, Link, Outbound, RequestSink};
+use statestore_node::access::KeyAccess;
+use statestore_node::mqtt::{ClientPolicy, Delivered, Delivery, FrontEnd, Link, Outbound, RequestSink};
 use statestore_node::{Args, Node, NodeConfig};
 use statestore_protocol::topic::{hex_upper, NOTIFICATION_PREFIX, REQUEST_TOPIC};
 use statestore_protocol::{Get, Hlc, KeyNotify, Notification, Response, Set};
@@ -60,11 +61,11 @@ struct Harness {
 impl Harness {
     /// A single-node store, leading, with a front end on a recording link.
     async fn start() -> Harness {
-        Harness::start_with(500).await
+        Harness::start_with(ClientPolicy { inflight: 500, access: None }).await
     }
 
-    /// The same, with at most `client_inflight` requests of one client in flight.
-    async fn start_with(client_inflight: usize) -> Harness {
+    /// The same, serving clients under `policy`.
+    async fn start_with(policy: ClientPolicy) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let data_dir = dir.path().join("data");
         let args = Args::try_parse_from([
@@ -81,7 +82,7 @@ impl Harness {
         let (_sessions_tx, sessions) = watch::channel(0);
         let (role_tx, mut role) = watch::channel(None);
         let link = Arc::new(RecordingLink { events: events_tx, role: role_tx });
-        let (front, requests) = FrontEnd::with_link(node.clone(), link, sessions, client_inflight).unwrap();
+        let (front, requests) = FrontEnd::with_link(node.clone(), link, sessions, policy).unwrap();
         let mut leading = node.leader.leading();
         tokio::time::timeout(Duration::from_secs(10), leading.wait_for(|term| term.is_some()))
             .await
@@ -321,7 +322,7 @@ async fn the_leader_expires_keys_and_notifies_their_deletion() {
 /// at once with the error that names the limit, while other clients are served.
 #[tokio::test]
 async fn a_client_beyond_its_in_flight_limit_is_answered_at_once_and_others_are_served() {
-    let mut h = Harness::start_with(2).await;
+    let mut h = Harness::start_with(ClientPolicy { inflight: 2, access: None }).await;
     const GREEDY: u8 = 40;
     for i in 0..GREEDY {
         h.send("greedy", i, Set::new(format!("g{i}"), "v").encode(), |_| {});
@@ -347,4 +348,39 @@ async fn a_client_beyond_its_in_flight_limit_is_answered_at_once_and_others_are_
     // Once its answers are out, the client has its places back.
     h.send("greedy", 100, Set::new("again", "v").encode(), |_| {});
     assert_eq!(&h.next_publish().await.payload[..], b"+OK\r\n");
+}
+
+/// Under an authorization map a client uses only the keys under its prefixes: other keys are
+/// answered `not authorized` (and acknowledged, and left as they were), and its SCAN pages list
+/// only its keys, while a client with every prefix sees all.
+#[tokio::test]
+async fn an_authorization_map_confines_each_client_to_its_prefixes() {
+    let access = KeyAccess::parse("[clients]\nprobe = [\"probe\"]\ntenant = [\"a/\"]\nadmin = [\"\"]\n").unwrap();
+    let mut h = Harness::start_with(ClientPolicy { inflight: 500, access: Some(access) }).await;
+    async fn expect(h: &mut Harness, client: &str, payload: Vec<u8>) -> Response {
+        let correlation = h.next_pkid as u8;
+        let pkid = h.send(client, correlation, payload, |_| {});
+        h.answer(pkid).await.0
+    }
+    let not_authorized = Response::Error(statestore_protocol::StoreError::NotAuthorized);
+    assert_eq!(expect(&mut h, "admin", Set::new("b/1", "theirs").encode()).await, Response::Ok);
+    assert_eq!(expect(&mut h, "tenant", Set::new("a/1", "mine").encode()).await, Response::Ok);
+    assert_eq!(expect(&mut h, "tenant", Set::new("b/1", "stolen").encode()).await, not_authorized);
+    assert_eq!(expect(&mut h, "tenant", Get { key: b"b/1".to_vec() }.encode()).await, not_authorized);
+    let watch = KeyNotify { key: b"b/1".to_vec(), stop: false };
+    assert_eq!(expect(&mut h, "tenant", statestore_protocol::Command::KeyNotify(watch).encode()).await, not_authorized);
+    assert_eq!(expect(&mut h, "stranger", Get { key: b"a/1".to_vec() }.encode()).await, not_authorized);
+    assert_eq!(
+        expect(&mut h, "admin", Get { key: b"b/1".to_vec() }.encode()).await,
+        Response::Value(b"theirs".to_vec())
+    );
+    let scan = |pattern: &str| {
+        statestore_protocol::Command::Scan(statestore_protocol::Scan { pattern: pattern.into(), token: None }).encode()
+    };
+    let listed = |response: Response| match response {
+        Response::Keys { keys, token: None } => keys.into_iter().map(|k| k.into_vec()).collect::<Vec<_>>(),
+        other => panic!("not a last SCAN page: {other:?}"),
+    };
+    assert_eq!(listed(expect(&mut h, "tenant", scan("*")).await), vec![b"a/1".to_vec()]);
+    assert_eq!(listed(expect(&mut h, "admin", scan("*")).await), vec![b"a/1".to_vec(), b"b/1".to_vec()]);
 }

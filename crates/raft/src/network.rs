@@ -68,11 +68,14 @@ impl NetworkFactory {
     /// heartbeat interval: a node that has just started hears the leader before its election
     /// timeout passes, instead of starting an election that unseats a healthy leader.
     /// `routes` overrides the advertised URL of some peers. `authorization`, when given, is sent
-    /// as the `Authorization` header of every request (the cluster secret).
+    /// as the `Authorization` header of every request (the cluster secret). `tls`, when given,
+    /// is how `https://` peers are reached (the CA they are checked against, this node's
+    /// client certificate).
     pub fn new(
         retry_after: Duration,
         routes: BTreeMap<NodeId, String>,
         authorization: Option<&str>,
+        tls: Option<rustls::ClientConfig>,
     ) -> Result<NetworkFactory, String> {
         let mut headers = reqwest::header::HeaderMap::new();
         if let Some(authorization) = authorization {
@@ -81,13 +84,15 @@ impl NetworkFactory {
             value.set_sensitive(true);
             headers.insert(reqwest::header::AUTHORIZATION, value);
         }
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .default_headers(headers)
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_millis(500))
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build()
-            .map_err(|e| format!("building the HTTP client: {e}"))?;
+            .pool_idle_timeout(Duration::from_secs(30));
+        if let Some(tls) = tls {
+            builder = builder.use_preconfigured_tls(tls);
+        }
+        let client = builder.build().map_err(|e| format!("building the HTTP client: {e}"))?;
         Ok(NetworkFactory { client, retry_after, routes, checks: None })
     }
 

@@ -13,7 +13,7 @@ use openraft::{BasicNode, Vote};
 use statestore_raft::NetworkFactory;
 
 async fn vote_to(addr: String, ttl: Duration) -> RPCError<u64, BasicNode, openraft::error::RaftError<u64>> {
-    let mut factory = NetworkFactory::new(Duration::from_millis(50), Default::default(), None).unwrap();
+    let mut factory = NetworkFactory::new(Duration::from_millis(50), Default::default(), None, None).unwrap();
     let mut client = factory.new_client(2, &BasicNode { addr }).await;
     let request = VoteRequest { vote: Vote::new(1, 1), last_log_id: None };
     client.vote(request, RPCOption::new(ttl)).await.expect_err("no peer answers")

@@ -8,6 +8,7 @@ use clap::Subcommand;
 use serde_json::{json, Value};
 
 use super::{Outcome, Output};
+use statestore_client::tls::TlsConfig;
 
 #[derive(Debug, Subcommand)]
 pub enum ClusterCommand {
@@ -114,13 +115,20 @@ fn api_error(answer: &Answer) -> String {
     format!("HTTP {}: {}", answer.status, message.unwrap_or_else(|| answer.body.to_string()))
 }
 
-pub async fn run(out: &Output, endpoints: &[String], timeout: Duration, command: ClusterCommand) -> Outcome {
+/// Runs `command` against `endpoints`; `tls` is how https:// endpoints are reached.
+pub async fn run(
+    out: &Output,
+    endpoints: &[String],
+    tls: &TlsConfig,
+    timeout: Duration,
+    command: ClusterCommand,
+) -> Outcome {
     let endpoints: Vec<String> = endpoints.iter().map(|e| e.trim().to_string()).filter(|e| !e.is_empty()).collect();
     if endpoints.is_empty() {
         return out.usage("give at least one --endpoint");
     }
-    if let Some(bad) = endpoints.iter().find(|e| !e.starts_with("http://")) {
-        return out.usage(&format!("{bad:?} is not an http:// URL"));
+    if let Some(bad) = endpoints.iter().find(|e| !e.starts_with("http://") && !e.starts_with("https://")) {
+        return out.usage(&format!("{bad:?} is not an http:// or https:// URL"));
     }
     // Adding a learner waits for it to catch up: allow that long, and a little more.
     let wait = match &command {
@@ -140,12 +148,15 @@ pub async fn run(out: &Output, endpoints: &[String], timeout: Duration, command:
         Ok(None) => {}
         Err(e) => return out.usage(&e),
     }
-    let client = match reqwest::Client::builder()
-        .default_headers(headers)
-        .timeout(wait)
-        .connect_timeout(Duration::from_secs(3))
-        .build()
-    {
+    let mut builder =
+        reqwest::Client::builder().default_headers(headers).timeout(wait).connect_timeout(Duration::from_secs(3));
+    if endpoints.iter().any(|e| e.starts_with("https://")) {
+        match statestore_client::tls::client_config(tls) {
+            Ok(config) => builder = builder.use_preconfigured_tls(config),
+            Err(e) => return out.usage(&format!("TLS to the endpoints: {e:#}")),
+        }
+    }
+    let client = match builder.build() {
         Ok(client) => client,
         Err(e) => return out.error(&format!("HTTP client: {e}")),
     };

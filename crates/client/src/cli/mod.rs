@@ -54,6 +54,17 @@ pub struct Args {
         default_value = "http://127.0.0.1:7401,http://127.0.0.1:7402,http://127.0.0.1:7403"
     )]
     pub endpoint: Vec<String>,
+    /// PEM file of the CA that signs the nodes' certificates, for https:// endpoints. Default:
+    /// the system's trusted roots.
+    #[arg(long, global = true, env = "STATESTORE_TLS_CA", value_name = "FILE")]
+    pub endpoint_cafile: Option<PathBuf>,
+    /// PEM client certificate for https:// endpoints, signed by the cluster's CA (membership
+    /// changes need one), with --endpoint-key.
+    #[arg(long, global = true, env = "STATESTORE_TLS_CERT", value_name = "FILE", requires = "endpoint_key")]
+    pub endpoint_cert: Option<PathBuf>,
+    /// PEM private key of --endpoint-cert.
+    #[arg(long, global = true, env = "STATESTORE_TLS_KEY", value_name = "FILE", requires = "endpoint_cert")]
+    pub endpoint_key: Option<PathBuf>,
     /// Print one JSON document per result instead of human-readable text.
     #[arg(long, global = true)]
     pub json: bool,
@@ -182,7 +193,11 @@ pub async fn run(args: Args) -> Outcome {
     }
     let timeout = Duration::from_secs_f64(args.timeout);
     match args.command {
-        Command::Cluster(command) => cluster::run(&out, &args.endpoint, timeout, command).await,
+        Command::Cluster(command) => {
+            let client_auth = args.endpoint_cert.zip(args.endpoint_key);
+            let tls = TlsConfig { ca: args.endpoint_cafile, client_auth };
+            cluster::run(&out, &args.endpoint, &tls, timeout, command).await
+        }
         command => {
             let options = match client_options(&args.broker, timeout) {
                 Ok(options) => options,

@@ -154,8 +154,10 @@ pub async fn add_learner(State(node): State<Arc<Node>>, body: Bytes) -> Result<R
         return Err(ApiError::bad_request("node ids are positive integers"));
     }
     let address = request.address.trim_end_matches('/').to_string();
-    if !address.starts_with("http://") || address.len() <= "http://".len() {
-        return Err(ApiError::bad_request(format!("{:?} is not an http:// URL", request.address)));
+    // Every member speaks what this one does: HTTPS in a cluster with TLS, else HTTP.
+    let scheme = if node.peer_tls.is_some() { "https://" } else { "http://" };
+    if !address.starts_with(scheme) || address.len() <= scheme.len() {
+        return Err(ApiError::bad_request(format!("{:?} is not an {scheme} URL", request.address)));
     }
     let metrics = node.raft.metrics().borrow().clone();
     require_leader(&metrics)?;
@@ -193,7 +195,7 @@ pub async fn add_learner(State(node): State<Arc<Node>>, body: Bytes) -> Result<R
 /// was enrolled is forgotten, and the storage that first answers as `id` is enrolled.
 async fn enroll_anew(node: &Node, id: NodeId, address: &str) -> Result<(), ApiError> {
     let incarnation = async {
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().ok()?;
+        let client = node.http_client(Duration::from_secs(2)).ok()?;
         let status: ClusterStatus = client.get(format!("{address}/cluster")).send().await.ok()?.json().await.ok()?;
         (status.id == id).then_some(status.incarnation)
     }

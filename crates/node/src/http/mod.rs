@@ -9,12 +9,14 @@
 //! | `POST /v1/command` | execute one RESP3 request ([`command`]) |
 //!
 //! With a cluster secret configured, Raft RPC, the `POST /cluster/...` routes and `/v1/command`
-//! answer 401 unless the request carries `Authorization: Bearer <secret>`; `GET /cluster`,
-//! `/health`, `/ready` and `/metrics` stay open.
+//! answer 401 unless the request carries `Authorization: Bearer <secret>`; with TLS ([`tls`]),
+//! they also need a client certificate the cluster's CA signs. `GET /cluster`, `/health`,
+//! `/ready` and `/metrics` stay open.
 
 pub mod cluster;
 pub mod command;
 pub mod raft_rpc;
+pub mod tls;
 
 use std::sync::Arc;
 
@@ -33,7 +35,9 @@ const RAFT_BODY_LIMIT: usize = 128 << 20;
 /// A RESP3 request of `/v1/command`.
 const COMMAND_BODY_LIMIT: usize = 16 << 20;
 
-pub fn router(node: Arc<Node>) -> Router {
+/// The node's routes. With `client_certificates`, the guarded ones need a verified client
+/// certificate (the server must then be served with [`tls::ClientCertificate`] connect info).
+pub fn router(node: Arc<Node>, client_certificates: bool) -> Router {
     let authenticated = middleware::from_fn_with_state(node.clone(), require_secret);
     let raft = Router::new()
         .route(statestore_raft::network::APPEND_PATH, post(raft_rpc::append))
@@ -48,7 +52,10 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/cluster/learners", post(cluster::add_learner))
         .route("/cluster/members", post(cluster::change_members))
         .route("/cluster/snapshot", post(cluster::snapshot));
-    let guarded = raft.merge(command).merge(membership).route_layer(authenticated);
+    let mut guarded = raft.merge(command).merge(membership).route_layer(authenticated);
+    if client_certificates {
+        guarded = guarded.route_layer(middleware::from_fn(tls::require_client_certificate));
+    }
     Router::new()
         .route("/cluster", get(cluster::status))
         .route("/health", get(cluster::health))

@@ -9,8 +9,10 @@ use rumqttc::v5::mqttbytes::QoS;
 use statestore_protocol::topic::{
     check_response_topic, client_id_from_response_topic, hex_upper, ResponseTopicProblem,
 };
-use statestore_protocol::{Command, Hlc, Request, StoreError};
-use statestore_statemachine::{ClientRequest, RequestIdentity};
+use statestore_protocol::{Command, Hlc, Request, Response, StoreError};
+use statestore_statemachine::{ClientRequest, Reply, RequestIdentity};
+
+use crate::access::{KeyAccess, Prefixes};
 
 /// The content type of every response and notification.
 pub const CONTENT_TYPE: &str = "application/octet-stream";
@@ -73,14 +75,22 @@ pub struct Inbound {
     pub message_expiry_secs: Option<u32>,
     /// When the client stops waiting: receipt plus the remaining message expiry.
     pub deadline: Option<Instant>,
+    /// The keys this client may use, under an authorization map; `None`: every key.
+    pub allowed: Option<Prefixes>,
     pub body: Body,
 }
 
 impl Inbound {
     /// Reads a request publish received at `received`. A request its client published at QoS 0
     /// is dropped; one `delivered` at QoS 0 through a QoS 0 subscription may have been QoS 1
-    /// and is kept.
-    pub fn classify(publish: &Publish, delivered: Delivered, received: Instant) -> Result<Inbound, DropReason> {
+    /// and is kept. Under an authorization map (`access`), a command on a key outside the
+    /// client's prefixes is answered `not authorized`.
+    pub fn classify(
+        publish: &Publish,
+        delivered: Delivered,
+        received: Instant,
+        access: Option<&KeyAccess>,
+    ) -> Result<Inbound, DropReason> {
         if publish.qos == QoS::AtMostOnce && delivered == Delivered::AsPublished {
             return Err(DropReason::QoS0);
         }
@@ -94,6 +104,11 @@ impl Inbound {
         let message_expiry_secs = properties.message_expiry_interval;
         let deadline = message_expiry_secs.map(|secs| received + Duration::from_secs(u64::from(secs)));
         let correlation_data = properties.correlation_data.clone().filter(|data| !data.is_empty());
+        let allowed = access.map(|access| access.prefixes_for(&response_topic).clone());
+        let refused = |key: Option<&[u8]>| match (&allowed, key) {
+            (Some(prefixes), Some(key)) => !prefixes.allows(key),
+            _ => false,
+        };
         let body = if let Some(version) = user("__protVer").filter(|v| !supported_version(v)) {
             Body::UnsupportedVersion(version.to_string())
         } else if correlation_data.is_none() {
@@ -107,11 +122,21 @@ impl Inbound {
                 {
                     Body::Invalid(StoreError::ClientIdMismatch)
                 }
+                Ok(request) if refused(request.command.key()) => Body::Invalid(StoreError::NotAuthorized),
                 Ok(request) => Body::Command(request),
                 Err(error) => Body::Invalid(error),
             }
         };
-        Ok(Inbound { response_topic, correlation_data, client_id, message_expiry_secs, deadline, body })
+        Ok(Inbound { response_topic, correlation_data, client_id, message_expiry_secs, deadline, allowed, body })
+    }
+
+    /// `reply` as this client may see it: a SCAN page keeps only the keys it is authorized for
+    /// (and its continuation token, so the scan goes on).
+    pub fn authorized(&self, mut reply: Reply) -> Reply {
+        if let (Some(prefixes), Response::Keys { keys, .. }) = (&self.allowed, &mut reply.response) {
+            keys.retain(|key| prefixes.allows(key));
+        }
+        reply
     }
 
     /// The key under which this request counts against its client's in-flight limit.
@@ -229,10 +254,35 @@ mod tests {
     }
 
     #[test]
+    fn under_an_authorization_map_keys_outside_the_clients_prefixes_are_refused() {
+        let access = KeyAccess::parse("[clients]\n\"c1\" = [\"mine/\"]\n").unwrap();
+        let now = Instant::now();
+        let classify = |payload: Vec<u8>| {
+            Inbound::classify(&request(&payload, QoS::AtLeastOnce, |_| {}), Delivered::AsPublished, now, Some(&access))
+                .unwrap()
+        };
+        assert!(matches!(classify(Set::new("mine/k", "v").encode()).body, Body::Command(_)));
+        let keynotify = Command::KeyNotify(KeyNotify { key: b"theirs/k".to_vec(), stop: false }).encode();
+        for refused in [Set::new("k", "v").encode(), keynotify] {
+            assert!(matches!(classify(refused).body, Body::Invalid(StoreError::NotAuthorized)));
+        }
+        // A SCAN runs, and its pages show only the client's keys.
+        let scan = classify(Command::Scan(statestore_protocol::Scan { pattern: b"*".to_vec(), token: None }).encode());
+        assert!(matches!(scan.body, Body::Command(_)));
+        use serde_bytes::ByteBuf;
+        let keys = |names: &[&str]| names.iter().map(|k| ByteBuf::from(k.as_bytes())).collect::<Vec<_>>();
+        let token = Some(ByteBuf::from(&b"theirs/z"[..]));
+        let page =
+            Reply::new(Response::Keys { keys: keys(&["mine/a", "other", "theirs/z"]), token: token.clone() }, None);
+        assert_eq!(scan.authorized(page).response, Response::Keys { keys: keys(&["mine/a"]), token });
+    }
+
+    #[test]
     fn an_sdk_request_is_a_command_with_its_identity() {
         let now = Instant::now();
         let inbound =
-            Inbound::classify(&request(&set_payload(), QoS::AtLeastOnce, |_| {}), Delivered::AsPublished, now).unwrap();
+            Inbound::classify(&request(&set_payload(), QoS::AtLeastOnce, |_| {}), Delivered::AsPublished, now, None)
+                .unwrap();
         assert!(matches!(&inbound.body, Body::Command(r) if matches!(r.command, Command::Set(_))));
         assert_eq!(inbound.client_id.as_deref(), Some("c1"));
         assert_eq!(inbound.deadline, Some(now + Duration::from_secs(10)));
@@ -245,17 +295,17 @@ mod tests {
     fn unanswerable_requests_are_dropped() {
         let now = Instant::now();
         let qos0 = request(&set_payload(), QoS::AtMostOnce, |_| {});
-        assert_eq!(Inbound::classify(&qos0, Delivered::AsPublished, now).unwrap_err(), DropReason::QoS0);
+        assert_eq!(Inbound::classify(&qos0, Delivered::AsPublished, now, None).unwrap_err(), DropReason::QoS0);
         // Through a follower's QoS 0 subscription the client's QoS is unknown: kept.
-        assert!(matches!(Inbound::classify(&qos0, Delivered::MaybeCapped, now).unwrap().body, Body::Command(_)));
+        assert!(matches!(Inbound::classify(&qos0, Delivered::MaybeCapped, now, None).unwrap().body, Body::Command(_)));
         let missing = request(&set_payload(), QoS::AtLeastOnce, |p| p.response_topic = None);
         assert_eq!(
-            Inbound::classify(&missing, Delivered::AsPublished, now).unwrap_err(),
+            Inbound::classify(&missing, Delivered::AsPublished, now, None).unwrap_err(),
             DropReason::ResponseTopic(ResponseTopicProblem::Missing)
         );
         let forbidden = request(&set_payload(), QoS::AtLeastOnce, |p| p.response_topic = Some(REQUEST_TOPIC.into()));
         assert_eq!(
-            Inbound::classify(&forbidden, Delivered::AsPublished, now).unwrap_err(),
+            Inbound::classify(&forbidden, Delivered::AsPublished, now, None).unwrap_err(),
             DropReason::ResponseTopic(ResponseTopicProblem::Forbidden)
         );
         assert_eq!(DropReason::ResponseTopic(ResponseTopicProblem::Forbidden).label(), "forbidden_response_topic");
@@ -265,17 +315,17 @@ mod tests {
     fn envelope_problems_become_answers() {
         let now = Instant::now();
         let no_correlation = request(&set_payload(), QoS::AtLeastOnce, |p| p.correlation_data = None);
-        let inbound = Inbound::classify(&no_correlation, Delivered::AsPublished, now).unwrap();
+        let inbound = Inbound::classify(&no_correlation, Delivered::AsPublished, now, None).unwrap();
         assert_eq!(inbound.body, Body::Invalid(StoreError::MissingCorrelationData));
         assert_eq!(inbound.identity(), None);
         let no_ts = request(&set_payload(), QoS::AtLeastOnce, |p| p.user_properties.retain(|(k, _)| k != "__ts"));
         assert_eq!(
-            Inbound::classify(&no_ts, Delivered::AsPublished, now).unwrap().body,
+            Inbound::classify(&no_ts, Delivered::AsPublished, now, None).unwrap().body,
             Body::Invalid(StoreError::MissingTimestamp)
         );
         let garbage = request(b"*1\r\n$3\r\nset\r\n", QoS::AtLeastOnce, |_| {});
         assert_eq!(
-            Inbound::classify(&garbage, Delivered::AsPublished, now).unwrap().body,
+            Inbound::classify(&garbage, Delivered::AsPublished, now, None).unwrap().body,
             Body::Invalid(StoreError::UnknownCommand)
         );
     }
@@ -290,18 +340,21 @@ mod tests {
                 p.user_properties.retain(|(k, _)| k != "__protVer");
                 p.user_properties.push(("__protVer".into(), version.into()));
             });
-            let body = Inbound::classify(&publish, Delivered::AsPublished, now).unwrap().body;
+            let body = Inbound::classify(&publish, Delivered::AsPublished, now, None).unwrap().body;
             assert_eq!(matches!(body, Body::UnsupportedVersion(_)), !supported, "{version}");
         }
         let absent = request(&set_payload(), QoS::AtLeastOnce, |p| p.user_properties.retain(|(k, _)| k != "__protVer"));
-        assert!(matches!(Inbound::classify(&absent, Delivered::AsPublished, now).unwrap().body, Body::Command(_)));
+        assert!(matches!(
+            Inbound::classify(&absent, Delivered::AsPublished, now, None).unwrap().body,
+            Body::Command(_)
+        ));
     }
 
     #[test]
     fn the_client_id_falls_back_to_the_response_topic() {
         let publish = request(&set_payload(), QoS::AtLeastOnce, |p| p.user_properties.retain(|(k, _)| k != "__srcId"));
         assert_eq!(
-            Inbound::classify(&publish, Delivered::AsPublished, Instant::now()).unwrap().client_id.as_deref(),
+            Inbound::classify(&publish, Delivered::AsPublished, Instant::now(), None).unwrap().client_id.as_deref(),
             Some("c1")
         );
     }
@@ -314,7 +367,7 @@ mod tests {
                 p.user_properties.retain(|(k, _)| k != "__srcId");
                 p.user_properties.push(("__srcId".into(), src_id.into()));
             });
-            Inbound::classify(&publish, Delivered::AsPublished, Instant::now()).unwrap().body
+            Inbound::classify(&publish, Delivered::AsPublished, Instant::now(), None).unwrap().body
         };
         assert_eq!(with_src_id("victim", &keynotify), Body::Invalid(StoreError::ClientIdMismatch));
         assert!(matches!(with_src_id("c1", &keynotify), Body::Command(_)));
@@ -323,7 +376,7 @@ mod tests {
             p.response_topic = Some(RESPONSE.replace("clients/c1/", "clients/6331/"));
         });
         assert!(matches!(
-            Inbound::classify(&go, Delivered::AsPublished, Instant::now()).unwrap().body,
+            Inbound::classify(&go, Delivered::AsPublished, Instant::now(), None).unwrap().body,
             Body::Command(_)
         ));
         // Only registrations depend on the client id; other commands are not refused.
@@ -334,7 +387,8 @@ mod tests {
     fn responses_carry_status_version_correlation_and_remaining_expiry() {
         let now = Instant::now();
         let inbound =
-            Inbound::classify(&request(&set_payload(), QoS::AtLeastOnce, |_| {}), Delivered::AsPublished, now).unwrap();
+            Inbound::classify(&request(&set_payload(), QoS::AtLeastOnce, |_| {}), Delivered::AsPublished, now, None)
+                .unwrap();
         let version: Hlc = TS.parse().unwrap();
         let later = now + Duration::from_millis(2_500);
         let properties = inbound.response_properties(200, Some(&version), later);

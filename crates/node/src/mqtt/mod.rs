@@ -38,6 +38,7 @@ use statestore_protocol::{Response, StoreError};
 use statestore_statemachine::{Entry, Operation, Reply};
 use tokio::sync::{mpsc, watch};
 
+use crate::access::KeyAccess;
 use crate::config::BrokerConfig;
 use crate::leader::NotificationSink;
 use crate::node::{now_ms, proposal_clock, ExecuteError, Node};
@@ -75,6 +76,17 @@ pub struct FrontEnd {
     dispatch: mpsc::UnboundedSender<Dispatch>,
     /// Requests each client has in flight at this leader, and the most one may have.
     in_flight: ClientSlots,
+    /// Which keys each client may use; `None`: every key.
+    access: Option<KeyAccess>,
+}
+
+/// What clients may do.
+#[derive(Debug, Clone)]
+pub struct ClientPolicy {
+    /// Most requests one client may have in flight at the leader.
+    pub inflight: usize,
+    /// Which keys each client may use; `None`: every key.
+    pub access: Option<KeyAccess>,
 }
 
 /// Requests in flight per client ([`Inbound::client_key`]), each held by a [`ClientSlot`].
@@ -123,22 +135,23 @@ impl FrontEnd {
         node.follow_broker(connection.connected.clone());
         let sessions = connection.sessions.clone();
         let channels = (dispatch_tx, dispatch_rx);
-        FrontEnd::launch(node, Arc::new(connection), sessions, metrics, usize::from(config.client_inflight), channels)
+        let policy = ClientPolicy { inflight: usize::from(config.client_inflight), access: config.access.clone() };
+        FrontEnd::launch(node, Arc::new(connection), sessions, metrics, policy, channels)
     }
 
     /// Starts a front end on any `link`. Received requests are handed to the returned sink, in
     /// order; a new value of `sessions` means publishes of the previous broker session may be
-    /// lost. One client may have at most `client_inflight` requests in flight.
+    /// lost. Clients are served under `policy`.
     pub fn with_link(
         node: Arc<Node>,
         link: Arc<dyn Link>,
         sessions: watch::Receiver<u64>,
-        client_inflight: usize,
+        policy: ClientPolicy,
     ) -> anyhow::Result<(Arc<FrontEnd>, RequestSink)> {
         let metrics = FrontEndMetrics::register(&node.metrics.registry)?;
         let (dispatch_tx, dispatch_rx) = mpsc::unbounded_channel();
         let requests = request_sink(&dispatch_tx);
-        let front = FrontEnd::launch(node, link, sessions, metrics, client_inflight, (dispatch_tx, dispatch_rx))?;
+        let front = FrontEnd::launch(node, link, sessions, metrics, policy, (dispatch_tx, dispatch_rx))?;
         Ok((front, requests))
     }
 
@@ -147,7 +160,7 @@ impl FrontEnd {
         link: Arc<dyn Link>,
         sessions: watch::Receiver<u64>,
         metrics: FrontEndMetrics,
-        client_inflight: usize,
+        policy: ClientPolicy,
         (dispatch_tx, dispatch_rx): (mpsc::UnboundedSender<Dispatch>, mpsc::UnboundedReceiver<Dispatch>),
     ) -> anyhow::Result<Arc<FrontEnd>> {
         let notifier = Arc::new(Notifier::new(node.reader.clone(), link.clone(), metrics.clone(), node.leader.clone()));
@@ -159,7 +172,8 @@ impl FrontEnd {
             shadow: Mutex::new(Shadow::new(SHADOW_CAPACITY)),
             leading: AtomicBool::new(false),
             dispatch: dispatch_tx,
-            in_flight: ClientSlots { counts: Arc::default(), limit: client_inflight },
+            in_flight: ClientSlots { counts: Arc::default(), limit: policy.inflight },
+            access: policy.access,
         });
         node.leader.attach_sink(notifier)?;
         tokio::spawn(front.clone().dispatcher(dispatch_rx));
@@ -178,7 +192,7 @@ impl FrontEnd {
             match message {
                 Dispatch::Request(publish, delivered) => {
                     let received = Instant::now();
-                    match Inbound::classify(&publish, delivered, received) {
+                    match Inbound::classify(&publish, delivered, received, self.access.as_ref()) {
                         Err(reason) => {
                             self.drop_request(reason);
                             self.link.ack(&publish);
@@ -365,7 +379,7 @@ impl FrontEnd {
                         }
                         applied.reply
                     }
-                    Ok(Outcome::Read(reply)) => reply,
+                    Ok(Outcome::Read(reply)) => request.inbound.authorized(reply),
                     Err(error) => {
                         if let ExecuteError::Storage(e) = &error {
                             tracing::error!(error = %e, "a request failed in storage");

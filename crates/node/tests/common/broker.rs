@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,23 @@ impl Broker {
     /// Starts `mosquitto` with the settings of `cluster/mosquitto.conf` on a free port and
     /// waits until it accepts connections.
     pub fn start() -> Broker {
+        Broker::start_with("")
+    }
+
+    /// The same, with only a TLS listener: the broker presents `cert`/`key` and accepts only
+    /// clients whose certificate `ca` signs. Mosquitto reads them after dropping root, so the
+    /// files must be readable by everyone.
+    pub fn start_tls(ca: &Path, cert: &Path, key: &Path) -> Broker {
+        Broker::start_with(&format!(
+            "cafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate true\n",
+            ca.display(),
+            cert.display(),
+            key.display()
+        ))
+    }
+
+    /// `listener` settings after the listener line.
+    fn start_with(listener: &str) -> Broker {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let config = dir.path().join("mosquitto.conf");
@@ -27,6 +44,7 @@ impl Broker {
             &config,
             format!(
                 "listener {port} 127.0.0.1\n\
+                 {listener}\
                  allow_anonymous true\n\
                  set_tcp_nodelay true\n\
                  max_inflight_messages 1000\n\

@@ -46,11 +46,13 @@ pub struct NodeProcess {
     pub args: Vec<String>,
     /// Environment variables of this node only (the rest is cleared but for PATH).
     pub env: Vec<(String, String)>,
+    /// `http://`, or `https://` in a cluster with TLS.
+    pub scheme: &'static str,
 }
 
 impl NodeProcess {
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("{}127.0.0.1:{}", self.scheme, self.port)
     }
 }
 
@@ -75,6 +77,8 @@ pub struct Cluster {
     pub nodes: BTreeMap<u64, NodeProcess>,
     pub http: reqwest::Client,
     pub extra_args: Vec<String>,
+    /// `http://`, or `https://` in a cluster with TLS.
+    pub scheme: &'static str,
 }
 
 impl Cluster {
@@ -90,15 +94,24 @@ impl Cluster {
 
     /// Nodes `1..=n` as the initial members of a new cluster, none started yet.
     pub fn prepare(n: u64, extra_args: &[&str]) -> Cluster {
+        Cluster::prepare_with(n, extra_args, "http://", reqwest::Client::builder())
+    }
+
+    /// The same, reached at `scheme` URLs by a test client built from `http`.
+    pub fn prepare_with(n: u64, extra_args: &[&str], scheme: &'static str, http: reqwest::ClientBuilder) -> Cluster {
         let mut cluster = Cluster {
             dir: tempfile::tempdir().unwrap(),
             nodes: BTreeMap::new(),
-            http: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap(),
+            http: http.timeout(Duration::from_secs(10)).build().unwrap(),
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            scheme,
         };
         let ports: Vec<u16> = (1..=n).map(|_| free_port()).collect();
-        let members =
-            (1..=n).zip(&ports).map(|(id, port)| format!("{id}=http://127.0.0.1:{port}")).collect::<Vec<_>>().join(",");
+        let members = (1..=n)
+            .zip(&ports)
+            .map(|(id, port)| format!("{id}={scheme}127.0.0.1:{port}"))
+            .collect::<Vec<_>>()
+            .join(",");
         for (id, port) in (1..=n).zip(ports) {
             cluster.add_process(id, port, Some(members.clone()));
         }
@@ -118,7 +131,17 @@ impl Cluster {
         let log = self.dir.path().join(format!("node-{id}.log"));
         self.nodes.insert(
             id,
-            NodeProcess { id, port, data_dir, log, child: None, initial_members, args: Vec::new(), env: Vec::new() },
+            NodeProcess {
+                id,
+                port,
+                data_dir,
+                log,
+                child: None,
+                initial_members,
+                args: Vec::new(),
+                env: Vec::new(),
+                scheme: self.scheme,
+            },
         );
     }
 

@@ -1,0 +1,139 @@
+//! HTTPS for the node's port: a rustls server that asks every client for a certificate signed
+//! by the cluster CA, and a middleware that lets only such clients (peers, operators' tools)
+//! reach Raft RPC, membership changes and `/v1/command`. Clients without a certificate still
+//! reach `GET /cluster`, `/health`, `/ready` and `/metrics` (probes and Prometheus).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::serve::{IncomingStream, Listener};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+
+use statestore_client::tls::{read_certs, read_private_key};
+
+use super::ApiError;
+use crate::config::NodeTls;
+
+/// How long a client may take over its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections whose handshake is done and that the server has not taken yet.
+const ACCEPTED_BACKLOG: usize = 64;
+
+/// The server side of the node's TLS: its certificate, and client certificates verified against
+/// the CA when given (optional at this layer; [`require_client_certificate`] asks for them).
+pub fn server_config(tls: &NodeTls) -> anyhow::Result<rustls::ServerConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in read_certs(&tls.ca)? {
+        roots.add(cert).with_context(|| format!("{}: a CA certificate rustls cannot use", tls.ca.display()))?;
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .allow_unauthenticated()
+        .build()
+        .context("building the client certificate verifier")?;
+    let key = read_private_key(&tls.key)?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("choosing TLS versions")?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(read_certs(&tls.cert)?, key)
+        .with_context(|| format!("{} and {} do not make a server identity", tls.cert.display(), tls.key.display()))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// A listener whose connections have completed a TLS handshake. Handshakes run on their own
+/// tasks, each bounded by [`HANDSHAKE_TIMEOUT`], so a slow or silent client delays nobody.
+pub struct TlsListener {
+    accepted: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    local: SocketAddr,
+}
+
+impl TlsListener {
+    pub fn new(listener: TcpListener, config: rustls::ServerConfig) -> std::io::Result<TlsListener> {
+        let local = listener.local_addr()?;
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        let (done, accepted) = mpsc::channel(ACCEPTED_BACKLOG);
+        tokio::spawn(async move {
+            loop {
+                let (stream, peer) = match listener.accept().await {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of file descriptors and the like: wait instead of spinning.
+                        tracing::warn!(error = %e, "accepting a connection failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let (acceptor, handed) = (acceptor.clone(), done.clone());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = handed.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => tracing::info!(%peer, error = %e, "a TLS handshake failed"),
+                        Err(_) => tracing::info!(%peer, "a TLS handshake did not finish in time"),
+                    }
+                });
+                if done.is_closed() {
+                    return;
+                }
+            }
+        });
+        Ok(TlsListener { accepted, local })
+    }
+}
+
+impl Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.accepted.recv().await {
+            Some(accepted) => accepted,
+            // The accepting task only ends once this listener is gone.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+/// Whether the client of a connection presented a certificate the CA signs (rustls has
+/// verified any certificate it accepted).
+#[derive(Debug, Clone, Copy)]
+pub struct ClientCertificate(pub bool);
+
+impl Connected<IncomingStream<'_, TlsListener>> for ClientCertificate {
+    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
+        ClientCertificate(stream.io().get_ref().1.peer_certificates().is_some_and(|certs| !certs.is_empty()))
+    }
+}
+
+/// Lets a request through only from a client with a certificate the cluster CA signs. On a
+/// plain-HTTP server (no connection info) it is not installed.
+pub async fn require_client_certificate(request: Request, next: Next) -> Response {
+    let verified = request.extensions().get::<ConnectInfo<ClientCertificate>>().is_some_and(|info| info.0 .0);
+    if !verified {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "client_certificate_required",
+            "this route needs a client certificate signed by the cluster's CA (--tls-ca)",
+        )
+        .into_response();
+    }
+    next.run(request).await
+}
