@@ -335,7 +335,7 @@ fn bad_usage_and_unreachable_brokers_are_reported() {
     usage(&["--timeout", "0", "get", "k"], "--timeout");
     usage(&["lock", "L", "--ttl", "5"], "--ttl");
     usage(&["load", "--writers", "0"], "--writers");
-    usage(&["--endpoint", "ftp://x", "cluster", "members"], "not an http:// URL");
+    usage(&["--endpoint", "ftp://x", "cluster", "members"], "not an http:// or https:// URL");
     usage(&["set", "k", "--file", "/nonexistent/file"], "reading /nonexistent/file");
 
     // Nothing listens on the port: a clear error, exit 3, fast.

@@ -1,5 +1,6 @@
 //! Linearizability of one key's history against the sequential semantics of SET, SET NX, GET,
-//! DEL and VDEL (docs/protocol.md), in the manner of Wing & Gong with Lowe's memoization: a
+//! DEL and VDEL with fencing tokens (docs/protocol.md), in the manner of Wing & Gong with Lowe's
+//! memoization: a
 //! depth-first search for an order of the operations that respects real time (an operation that
 //! returned before another was invoked comes first) and in which every answer is what the
 //! sequential store would have given. An operation without an answer (timed out) may have taken
@@ -20,41 +21,69 @@ pub enum Call {
     VDel(String),
 }
 
-/// What the store answered: `+OK`, `:n`, a value, or nil.
+/// What the store answered: `+OK`, `:n`, a value, nil, or a fencing refusal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
     Ok,
     Int(i64),
     Value(String),
     Nil,
+    /// `a fencing token is required for this request`.
+    FencingRequired,
+    /// `the request fencing token is a lower version than the fencing token protecting the resource`.
+    FencingLower,
 }
 
-/// One operation on one key. `returned` is `None` when no answer came.
+/// A fencing token, ordered as the store orders them: (milliseconds, counter). The suite makes
+/// every token's pair unique.
+pub type Token = (u64, u64);
+
+/// One operation on one key. `returned` is `None` when no answer came. `token` is its `__ft`.
 #[derive(Debug, Clone)]
 pub struct Op {
     pub invoked: u64,
     pub returned: Option<u64>,
     pub call: Call,
+    pub token: Option<Token>,
     pub answer: Option<Answer>,
 }
 
-/// The sequential store's answer to `call` on `state`, and the state after it.
-pub fn step(state: &Option<String>, call: &Call) -> (Answer, Option<String>) {
+/// A key as the sequential store holds it: its value and the token protecting it (only while
+/// it exists: deleting a key discards its token).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct State {
+    pub value: Option<String>,
+    pub token: Option<Token>,
+}
+
+/// The sequential store's answer to `call` with `token` on `state`, and the state after it. SET,
+/// DEL and VDEL on a key with a token need one at least as new; a SET that applies keeps the
+/// newer token. Reads never need one.
+pub fn step(state: &State, call: &Call, token: Option<Token>) -> (Answer, State) {
+    let unchanged = state.clone();
+    if !matches!(call, Call::Get) {
+        match (state.token, token) {
+            (Some(_), None) => return (Answer::FencingRequired, unchanged),
+            (Some(stored), Some(given)) if given < stored => return (Answer::FencingLower, unchanged),
+            _ => {}
+        }
+    }
+    let set = |value: &String| State { value: Some(value.clone()), token: state.token.max(token) };
     match call {
-        Call::Set(v) => (Answer::Ok, Some(v.clone())),
-        Call::SetNx(v) => match state {
-            None => (Answer::Ok, Some(v.clone())),
-            Some(_) => (Answer::Int(-1), state.clone()),
+        Call::Set(v) => (Answer::Ok, set(v)),
+        Call::SetNx(v) => match &state.value {
+            None => (Answer::Ok, set(v)),
+            Some(_) => (Answer::Int(-1), unchanged),
         },
-        Call::Get => (state.clone().map_or(Answer::Nil, Answer::Value), state.clone()),
-        Call::Del => match state {
-            Some(_) => (Answer::Int(1), None),
-            None => (Answer::Int(0), None),
+        Call::Get => (state.value.clone().map_or(Answer::Nil, Answer::Value), unchanged),
+        Call::Del => match &state.value {
+            Some(_) => (Answer::Int(1), State::default()),
+            None => (Answer::Int(0), State::default()),
         },
-        Call::VDel(v) => match state {
-            Some(current) if current == v => (Answer::Int(1), None),
-            Some(_) => (Answer::Int(-1), state.clone()),
-            None => (Answer::Int(0), None),
+        Call::VDel(v) => match &state.value {
+            Some(current) if current == v => (Answer::Int(1), State::default()),
+            Some(_) => (Answer::Int(-1), unchanged),
+            None => (Answer::Int(0), State::default()),
         },
     }
 }
@@ -82,7 +111,7 @@ pub fn check(ops: &[Op], budget: usize) -> Verdict {
     let mut seen: HashSet<(u64, u64)> = HashSet::new();
     struct Frame {
         done: Vec<u64>,
-        state: Option<String>,
+        state: State,
         placed: usize,
         /// Every operation before this one is linearized.
         low: usize,
@@ -90,7 +119,7 @@ pub fn check(ops: &[Op], budget: usize) -> Verdict {
         next: usize,
     }
     let is_done = |done: &[u64], i: usize| done[i / 64] & (1 << (i % 64)) != 0;
-    let mut stack = vec![Frame { done: vec![0; words], state: None, placed: 0, low: 0, next: 0 }];
+    let mut stack = vec![Frame { done: vec![0; words], state: State::default(), placed: 0, low: 0, next: 0 }];
     let mut visited = 0usize;
     let mut deepest = 0usize;
     while let Some(frame) = stack.last_mut() {
@@ -114,7 +143,7 @@ pub fn check(ops: &[Op], budget: usize) -> Verdict {
             if ops[i].invoked > horizon {
                 break;
             }
-            let (answer, state) = step(&frame.state, &ops[i].call);
+            let (answer, state) = step(&frame.state, &ops[i].call, ops[i].token);
             if ops[i].answer.as_ref().is_some_and(|given| *given != answer) {
                 continue;
             }
@@ -159,7 +188,7 @@ pub fn check(ops: &[Op], budget: usize) -> Verdict {
     ))
 }
 
-fn fingerprint(done: &[u64], state: &Option<String>) -> (u64, u64) {
+fn fingerprint(done: &[u64], state: &State) -> (u64, u64) {
     let hash = |seed: u64| {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         seed.hash(&mut hasher);
@@ -175,11 +204,15 @@ mod tests {
     use super::*;
 
     fn op(invoked: u64, returned: u64, call: Call, answer: Answer) -> Op {
-        Op { invoked, returned: Some(returned), call, answer: Some(answer) }
+        Op { invoked, returned: Some(returned), call, token: None, answer: Some(answer) }
+    }
+
+    fn fenced(invoked: u64, returned: u64, call: Call, token: u64, answer: Answer) -> Op {
+        Op { invoked, returned: Some(returned), call, token: Some((token, 0)), answer: Some(answer) }
     }
 
     fn lost(invoked: u64, call: Call) -> Op {
-        Op { invoked, returned: None, call, answer: None }
+        Op { invoked, returned: None, call, token: None, answer: None }
     }
 
     fn set(v: &str) -> Call {
@@ -249,6 +282,30 @@ mod tests {
             op(4, 5, Call::SetNx("b".into()), Answer::Ok),
         ];
         assert_eq!(check(&with_delete, BUDGET), Verdict::Linearizable);
+    }
+
+    #[test]
+    fn fencing_tokens_are_required_kept_and_compared() {
+        let history = [
+            fenced(0, 1, set("a"), 10, Answer::Ok),
+            op(2, 3, set("b"), Answer::FencingRequired),
+            fenced(4, 5, set("c"), 5, Answer::FencingLower),
+            fenced(6, 7, set("d"), 20, Answer::Ok),
+            fenced(8, 9, Call::Del, 15, Answer::FencingLower),
+            op(10, 11, Call::Get, value("d")),
+            fenced(12, 13, Call::VDel("d".into()), 20, Answer::Int(1)),
+            // Deleting the key discarded its token.
+            op(14, 15, set("e"), Answer::Ok),
+        ];
+        assert_eq!(check(&history, BUDGET), Verdict::Linearizable);
+        // A write with an old token that the store took anyway is caught...
+        let took_old = [fenced(0, 1, set("a"), 10, Answer::Ok), fenced(2, 3, set("b"), 5, Answer::Ok)];
+        assert!(matches!(check(&took_old, BUDGET), Verdict::NotLinearizable(_)));
+        // ...and so is a refusal of a token that was new enough, or of a write on a free key.
+        let refused_new = [fenced(0, 1, set("a"), 10, Answer::Ok), fenced(2, 3, set("b"), 10, Answer::FencingLower)];
+        assert!(matches!(check(&refused_new, BUDGET), Verdict::NotLinearizable(_)));
+        let refused_free = [op(0, 1, set("a"), Answer::FencingRequired)];
+        assert!(matches!(check(&refused_free, BUDGET), Verdict::NotLinearizable(_)));
     }
 
     #[test]

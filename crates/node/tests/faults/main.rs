@@ -1,6 +1,8 @@
 //! The fault-injection suite: three real node processes and a real Mosquitto; concurrent MQTT
 //! clients (shaped as the SDKs send) run SET, SET NX, GET, DEL and VDEL on a few keys and record
-//! every call, while faults come one after another:
+//! every call, while faults come one after another. Half the keys are fenced: writes to them
+//! carry a fencing token (`__ft`), mostly a fresh one, sometimes a stale one or none, so the
+//! store's token checks are part of every history.
 //!
 //! - `kill`: the leader is killed with SIGKILL and started again a second later;
 //! - `pause`: the leader is stopped with SIGSTOP for 1–6 s, then continued;
@@ -26,16 +28,18 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use checker::{Answer, Call, Op, Verdict};
+use checker::{Answer, Call, Op, Token, Verdict};
 use common::broker::Broker;
 use common::gate::Gate;
 use common::mqtt::RawClient;
 use common::{timestamp, Cluster};
-use statestore_protocol::{Command, Del, Get, Hlc, Response, Set, SetCondition, VDel};
+use statestore_protocol::{Command, Del, Get, Hlc, Response, Set, SetCondition, StoreError, VDel};
 
 const NODES: u64 = 3;
 const CLIENTS: usize = 6;
 const KEYS: usize = 8;
+/// Keys from this one on are fenced.
+const FENCED_FROM: usize = KEYS / 2;
 /// How long a client waits for an answer before it counts the call as unanswered.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
@@ -232,6 +236,24 @@ fn is_write(op: &Op) -> bool {
     )
 }
 
+/// Makes every token's (milliseconds, counter) unique across clients.
+static TOKEN_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The fencing token of a write to `key`: none on an unfenced key; on a fenced one mostly a
+/// fresh token, sometimes one 2 s old (which the key's token has likely passed), sometimes none.
+fn fencing_token(key: usize, call: &Call) -> Option<Token> {
+    if key < FENCED_FROM || matches!(call, Call::Get) {
+        return None;
+    }
+    let counter = TOKEN_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 100_000;
+    let now = common::now_ms();
+    match fastrand::u8(..100) {
+        0..80 => Some((now, counter)),
+        80..95 => Some((now - 2_000, counter)),
+        _ => None,
+    }
+}
+
 /// One client: calls until `stop`, one at a time.
 async fn client(
     id: usize,
@@ -268,10 +290,15 @@ async fn client(
             }
         }
         let payload = command(key, &call).encode();
+        let token = fencing_token(key, &call);
+        let mut properties = client.properties(&timestamp());
+        if let Some((ms, counter)) = token {
+            properties.user_properties.push(("__ft".into(), Hlc::new(ms, counter, "faults").to_string()));
+        }
         let invoked = started.elapsed().as_micros() as u64;
-        let received = client.request_with(&payload, client.properties(&timestamp()), CALL_TIMEOUT).await;
+        let received = client.request_with(&payload, properties, CALL_TIMEOUT).await;
         let returned = started.elapsed().as_micros() as u64;
-        let mut op = Op { invoked, returned: None, call, answer: None };
+        let mut op = Op { invoked, returned: None, call, token, answer: None };
         let mut version = None;
         if let Some(received) = received {
             let answer = match Response::decode(&received.payload) {
@@ -279,7 +306,9 @@ async fn client(
                 Ok(Response::Int(n)) => Some(Answer::Int(n)),
                 Ok(Response::Nil) => Some(Answer::Nil),
                 Ok(Response::Value(v)) => Some(Answer::Value(String::from_utf8_lossy(&v).into_owned())),
-                // A refusal (-ERR) changed nothing: it is not part of the history.
+                Ok(Response::Error(StoreError::FencingTokenRequired)) => Some(Answer::FencingRequired),
+                Ok(Response::Error(StoreError::FencingTokenLowerVersion)) => Some(Answer::FencingLower),
+                // Any other refusal (-ERR) changed nothing: it is not part of the history.
                 Ok(Response::Error(_)) | Ok(Response::Keys { .. }) | Err(_) => {
                     errors += 1;
                     continue;
@@ -365,7 +394,7 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
             other => panic!("the final read of lin-{key} answered {other:?}"),
         };
         let returned = started.elapsed().as_micros() as u64;
-        let op = Op { invoked, returned: Some(returned), call: Call::Get, answer: Some(answer) };
+        let op = Op { invoked, returned: Some(returned), call: Call::Get, token: None, answer: Some(answer) };
         records.push(Record { key, op, version: None });
     }
 
@@ -405,10 +434,14 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
     }
     let answered = records.iter().filter(|r| r.op.answer.is_some()).count();
     let unanswered = records.len() - answered;
+    let fenced = |answer: Answer| records.iter().filter(|r| r.op.answer.as_ref() == Some(&answer)).count();
     println!(
-        "\n{} s, {} calls: {answered} answered, {unanswered} unanswered, {errors} refused with -ERR",
+        "\n{} s, {} calls: {answered} answered ({} fencing token required, {} lower), {unanswered} unanswered, \
+         {errors} refused with another -ERR",
         secs,
-        records.len()
+        records.len(),
+        fenced(Answer::FencingRequired),
+        fenced(Answer::FencingLower),
     );
     println!("{:<18} {:>6} {:>22} {:>18}", "fault", "cycles", "no answer, median ms", "no answer, max ms");
     for (fault, values) in &mut gaps {
