@@ -2,7 +2,8 @@
 # Starts docker-compose.yml as its own project on other host ports, as a user's `docker compose
 # up` would, and checks it: every node becomes healthy (its /ready through the CLI in the
 # container), a key written through the published broker port reads back, every node reports
-# the same leader, and Prometheus scrapes all three nodes. Then it removes the project and its
+# the same leader, the CLI works inside the containers, a membership change sent to any node
+# reaches the leader, and Prometheus scrapes all three nodes. Then it removes the project and its
 # volumes (KEEP=1 keeps them).
 #
 #   bash cluster/compose-check.sh
@@ -68,6 +69,23 @@ status="$("$cli" --endpoint "$endpoints" --json cluster status)" || die "cluster
 leaders="$(grep -o '"leader":{"address":"[^"]*","id":[0-9]*}' <<<"$status" | sort -u | wc -l)"
 ((leaders == 1)) || die "the nodes do not agree on one leader: $status"
 "$cli" --endpoint "$endpoints" cluster status
+
+# The CLI inside a container reaches the broker and the nodes by default (README:
+# `docker compose exec node1 statestore-cli ...`).
+for service in node1 node3; do
+  [[ "$(compose exec -T "$service" statestore-cli get compose/check)" == "$value" ]] \
+    || die "statestore-cli in $service did not read the key back"
+done
+compose exec -T node2 statestore-cli cluster members >/dev/null || die "statestore-cli cluster members in node2 failed"
+echo "== statestore-cli works inside the containers"
+
+# A membership change sent from the host to any node reaches the leader, though the host cannot
+# resolve the leader's advertised name: every node answers as the leader does.
+for port in "$STATESTORE_HTTP_PORT_1" "$STATESTORE_HTTP_PORT_2" "$STATESTORE_HTTP_PORT_3"; do
+  answer="$("$cli" --endpoint "http://127.0.0.1:$port" cluster promote 9 2>&1)" && die "promoting node 9 succeeded"
+  grep -q "not a learner" <<<"$answer" || die "a membership change through port $port did not reach the leader: $answer"
+done
+echo "== every node carries membership changes to the leader"
 
 targets=0
 for _ in $(seq 1 60); do

@@ -59,14 +59,27 @@ start_node() {
   echo "$!" >"$data/node-$id.pid"
 }
 
+# Every node ready (a leader known, caught up, connected to the broker), or the reason one is not.
 wait_ready() {
-  for _ in $(seq 1 150); do
+  local pending=()
+  for _ in $(seq 1 300); do
+    pending=()
     for id in 1 2 3; do
-      curl -sf "http://127.0.0.1:740$id/ready" >/dev/null 2>&1 && return 0
+      if ! alive "$data/node-$id.pid"; then
+        tail -n 5 "$data/node-$id.log" >&2 || true
+        down >/dev/null 2>&1 || true
+        die "node $id exited while starting (everything started is stopped again); see $data/node-$id.log"
+      fi
+      curl -sf "http://127.0.0.1:740$id/ready" >/dev/null 2>&1 || pending+=("$id")
     done
+    ((${#pending[@]} == 0)) && return 0
     sleep 0.2
   done
-  die "no node became ready; see $data/node-*.log"
+  for id in "${pending[@]}"; do
+    echo "node $id: $(curl -s "http://127.0.0.1:740$id/ready" 2>&1 || echo 'no answer')" >&2
+  done
+  down >/dev/null 2>&1 || true
+  die "node(s) ${pending[*]} not ready after 60 s (everything started is stopped again); see $data/node-N.log"
 }
 
 up() {

@@ -3,7 +3,8 @@
 # bindgen, a C++ compiler and make for RocksDB itself, libssl-dev and pkg-config for the SDK
 # crates the conformance tests use, mosquitto as the broker, procps for `kill`, curl for the
 # scripts; with `--tests` also prometheus (the scrape test, and the air-gapped Prometheus image)
-# and faketime (the clock-offset test runs a node with its wall clock shifted).
+# faketime (the clock-offset test runs a node with its wall clock shifted) and python3-paho-mqtt
+# (the test that runs docs/examples/quickstart.py).
 # `--check` only reports what is missing (exit 1); without it, missing ones are installed with
 # apt-get (as root, or through sudo).
 #
@@ -14,7 +15,7 @@ PACKAGES=(libclang-dev g++ make pkg-config libssl-dev mosquitto procps curl)
 check=false
 for arg in "$@"; do
   case "$arg" in
-    --tests) PACKAGES+=(prometheus faketime) ;;
+    --tests) PACKAGES+=(prometheus faketime python3 python3-paho-mqtt) ;;
     --check) check=true ;;
     *) echo "usage: $0 [--tests] [--check]" >&2; exit 64 ;;
   esac

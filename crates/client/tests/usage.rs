@@ -15,6 +15,13 @@ fn help_version_and_usage_errors() {
     for word in ["get", "set", "del", "vdel", "watch", "lock", "cluster", "Exit codes", "--cafile", "-h, --host"] {
         assert!(text.contains(word), "{word} missing from:\n{text}");
     }
+    // `-h` is the broker host in every subcommand too (as in mosquitto_pub), never help.
+    let host = cli(&["get", "-h", "127.0.0.1", "-p", "1", "--timeout", "1", "k"]);
+    assert_eq!(host.status.code(), Some(3), "{}", String::from_utf8_lossy(&host.stderr));
+    assert!(String::from_utf8_lossy(&host.stderr).contains("127.0.0.1:1"), "{}", String::from_utf8_lossy(&host.stderr));
+    let sub_help = cli(&["get", "--help"]);
+    assert_eq!(sub_help.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&sub_help.stdout).contains("Usage"));
     let version = cli(&["--version"]);
     assert_eq!(version.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&version.stdout).starts_with("statestore-cli "));

@@ -91,7 +91,8 @@ pub struct Args {
     /// `too_many_commands`. Default 1024.
     #[arg(long, env = "STATESTORE_MAX_HTTP_COMMANDS")]
     pub max_http_commands: Option<usize>,
-    /// Log filter, e.g. `info` or `statestore=debug,openraft=info`. Default `info`.
+    /// Log filter, e.g. `info` or `warn,statestore=debug`. Default `warn,statestore=info`: this
+    /// node's events, and only warnings and errors of the libraries.
     #[arg(long, env = "STATESTORE_LOG")]
     pub log: Option<String>,
     /// Log line format: `text` (default) or `json` (one JSON object per line, for log shippers).
@@ -309,6 +310,9 @@ pub enum ConfigError {
     Authorization(String),
 }
 
+/// The default of `--log`.
+pub const DEFAULT_LOG_FILTER: &str = "warn,statestore=info";
+
 /// The default of `--snapshot-log-bytes`.
 pub const DEFAULT_SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
 
@@ -380,7 +384,7 @@ impl NodeConfig {
                 .unwrap_or(DEFAULT_SNAPSHOT_LOG_BYTES),
             logs_kept: args.logs_kept.or(file.logs_kept).unwrap_or(1_000),
             max_http_commands: args.max_http_commands.or(file.max_http_commands).unwrap_or(1024).max(1),
-            log: args.log.or(file.log).unwrap_or_else(|| "info".to_string()),
+            log: args.log.or(file.log).unwrap_or_else(|| DEFAULT_LOG_FILTER.to_string()),
             log_json: match args.log_format.or(file.log_format).as_deref() {
                 None | Some("text") => false,
                 Some("json") => true,

@@ -30,6 +30,7 @@ mod broker_watch;
 pub mod clock_watch;
 pub mod config;
 mod enrollment;
+mod events;
 pub mod http;
 pub mod leader;
 pub mod metrics;

@@ -1,6 +1,9 @@
 //! `statestore`: one node of the replicated state store.
 
+use std::io::IsTerminal;
+
 use clap::Parser;
+use statestore_node::config::DEFAULT_LOG_FILTER;
 use statestore_node::server::{self, EXIT_CONFIG, EXIT_DAMAGED_STORAGE};
 use statestore_node::{Args, NodeConfig};
 use tracing_subscriber::EnvFilter;
@@ -14,8 +17,10 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(EXIT_CONFIG);
         }
     };
-    let filter = EnvFilter::try_new(&config.log).unwrap_or_else(|_| EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter = EnvFilter::try_new(&config.log).unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
+    // Colour only on a terminal, and never with NO_COLOR set: log files get plain text.
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
     if config.log_json {
         logs.json().with_current_span(false).init();
     } else {

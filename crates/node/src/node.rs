@@ -99,6 +99,8 @@ pub struct Node {
     pub cluster_secret: Option<crate::config::ClusterSecret>,
     /// How this node connects to its peers over TLS (`--tls-*`); `None`: plain HTTP.
     pub peer_tls: Option<rustls::ClientConfig>,
+    /// Peers reached at another URL than the one they advertise (`--peer-routes`).
+    pub peer_routes: BTreeMap<NodeId, String>,
     /// This node's clock against its peers', as their Raft messages show them.
     pub clock_check: ClockCheck,
     /// The cluster's name and each member's storage incarnation, checked on every Raft message.
@@ -187,10 +189,12 @@ impl Node {
             max_http_commands: config.max_http_commands,
             cluster_secret: config.cluster_secret.clone(),
             peer_tls,
+            peer_routes: config.peer_routes.clone(),
             clock_check: clock_check.clone(),
             identity,
         });
         node.metrics.watch(node.clone());
+        tokio::spawn(crate::events::log_cluster_events(node.clone()));
         tokio::spawn(crate::clock_watch::follow_clocks(node.clone(), clock_check, config.heartbeat));
         tokio::spawn(crate::enrollment::enroll_members(node.clone()));
         tokio::spawn(snapshot_policy(

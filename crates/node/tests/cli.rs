@@ -126,8 +126,10 @@ async fn keys_and_values_with_exit_codes() {
     let (input, output) = (dir.path().join("in"), dir.path().join("out"));
     std::fs::write(&input, &binary[..100]).unwrap();
     assert_eq!(code(&cli.run(&["set", "bin2", "--file", input.to_str().unwrap()])), 0);
-    assert_eq!(code(&cli.run(&["get", "bin2", "-o", output.to_str().unwrap()])), 0);
+    let to_file = cli.run(&["get", "bin2", "-o", output.to_str().unwrap()]);
+    assert_eq!(code(&to_file), 0);
     assert_eq!(std::fs::read(&output).unwrap(), &binary[..100]);
+    assert!(to_file.stdout.is_empty(), "the value goes to the file only, not also to stdout");
     let (_, got) = cli.json(&["get", "bin"]);
     assert_eq!(got["value"], Value::Null, "not UTF-8");
     assert!(got["value_base64"].as_str().is_some_and(|b| !b.is_empty()));
@@ -253,8 +255,9 @@ async fn locks_hand_out_fencing_tokens_and_watch_streams_changes() {
     assert_eq!(cli.run(&["get", "protected"]).stdout, b"b");
     // Released: free again.
     assert_eq!(code(&cli.run(&["lock", "L", "--no-wait", "--", "true"])), 0);
-    // The command's failure is ours, and the lock is released after it.
-    assert_eq!(code(&cli.run(&["lock", "L", "--no-wait", "--", "false"])), 3);
+    // The command's exit code is ours, and the lock is released after it.
+    assert_eq!(code(&cli.run(&["lock", "L", "--no-wait", "--", "false"])), 1);
+    assert_eq!(code(&cli.run(&["lock", "L", "--no-wait", "--", "sh", "-c", "exit 42"])), 42);
     assert_eq!(code(&cli.run(&["get", "L"])), 1);
 }
 

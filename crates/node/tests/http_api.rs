@@ -55,21 +55,39 @@ async fn membership_requests_with_wrong_input_get_a_json_error() {
     assert_eq!(status["voters"], json!([{"id": 1, "address": cluster.url(1)}]));
 }
 
+/// A follower carries a membership change to the leader and returns its answer; a request it
+/// was forwarded already is answered 421 with the leader instead of going round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn followers_send_membership_changes_to_the_leader() {
+async fn followers_forward_membership_changes_to_the_leader() {
     let cluster = Cluster::start(3, &[]).await;
     let leader = cluster.wait_leader().await;
     let follower = cluster.running().into_iter().find(|id| *id != leader).unwrap();
+    let other = cluster.running().into_iter().find(|id| *id != leader && *id != follower).unwrap();
     for (path, body) in [
-        ("/cluster/members", r#"{"remove": [3]}"#),
-        ("/cluster/learners", r#"{"id": 7, "address": "http://127.0.0.1:1"}"#),
+        ("/cluster/members", format!(r#"{{"remove": [{other}]}}"#)),
+        ("/cluster/learners", r#"{"id": 7, "address": "http://127.0.0.1:1"}"#.to_string()),
     ] {
-        let (status, body) = post(&cluster, follower, path, body).await;
-        assert_eq!(status, 421, "{body}");
+        let response = cluster
+            .http
+            .post(format!("{}{path}", cluster.url(follower)))
+            .header("x-statestore-forwarded-by", "9")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 421);
+        let body: serde_json::Value = response.json().await.unwrap();
         assert_eq!(body["leader_id"].as_u64(), Some(leader));
         assert_eq!(body["leader_address"].as_str(), Some(cluster.url(leader).as_str()));
     }
     assert_eq!(cluster.status(leader).await.unwrap()["voters"].as_array().unwrap().len(), 3);
+    let (status, body) = post(&cluster, follower, "/cluster/members", &format!(r#"{{"remove": [{other}]}}"#)).await;
+    assert_eq!(status, 200, "{body}");
+    let voters: Vec<u64> = body["voters"].as_array().unwrap().iter().map(|v| v["id"].as_u64().unwrap()).collect();
+    assert_eq!(voters.len(), 2, "{body}");
+    assert!(!voters.contains(&other), "{body}");
+    assert_eq!(cluster.status(leader).await.unwrap()["voters"].as_array().unwrap().len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

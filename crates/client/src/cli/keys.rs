@@ -136,9 +136,18 @@ pub(super) fn report(
         (Request::Get(_), Response::Nil) => out.not_found("the key does not exist"),
         (Request::Get(_), Response::Value(value)) => {
             if let Some(path) = output {
+                // The value goes to the file only.
                 if let Err(e) = std::fs::write(&path, &value) {
                     return out.error(&format!("writing {}: {e}", path.display()));
                 }
+                if out.json {
+                    let file = path.display().to_string();
+                    out.print(
+                        String::new,
+                        || json!({"result": "found", "file": file, "bytes": value.len(), "version": version_json}),
+                    );
+                }
+                return Outcome::Done;
             }
             if out.json {
                 let mut document = Map::new();

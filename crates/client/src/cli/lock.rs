@@ -142,10 +142,14 @@ pub async fn run(out: &Output, client: &Client, args: LockArgs) -> Outcome {
             },
             status = async { child.as_mut().expect("guarded").wait().await }, if child.is_some() => {
                 break match status {
-                    Ok(status) => match status.code() {
-                        Some(0) => Outcome::Done,
-                        _ => Outcome::Error,
-                    },
+                    Ok(status) => {
+                        use std::os::unix::process::ExitStatusExt;
+                        match (status.code(), status.signal()) {
+                            (Some(code), _) => Outcome::Command(code.clamp(0, 255) as u8),
+                            (None, Some(signal)) => Outcome::Command((128 + signal).clamp(0, 255) as u8),
+                            (None, None) => Outcome::Error,
+                        }
+                    }
                     Err(e) => out.error(&format!("waiting for the command: {e}")),
                 };
             }

@@ -20,16 +20,32 @@ use statestore_client::{Client, ClientOptions, TlsConfig};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// Found, applied, done.
-    Done = 0,
+    Done,
     /// GET of an absent key, DEL/VDEL of an absent key.
-    NotFound = 1,
+    NotFound,
     /// A condition (NX, NEX, VDEL's value) or a fencing token refused the write, or a lock is
     /// held by another holder.
-    NotApplied = 2,
+    NotApplied,
     /// The server answered with an error, or there was no answer.
-    Error = 3,
+    Error,
     /// The command line is wrong.
-    Usage = 64,
+    Usage,
+    /// The exit code of the command `lock ... -- CMD` ran (128 + the signal when a signal ended it).
+    Command(u8),
+}
+
+impl Outcome {
+    /// The process exit code.
+    pub fn code(self) -> u8 {
+        match self {
+            Outcome::Done => 0,
+            Outcome::NotFound => 1,
+            Outcome::NotApplied => 2,
+            Outcome::Error => 3,
+            Outcome::Usage => 64,
+            Outcome::Command(code) => code,
+        }
+    }
 }
 
 #[derive(Debug, Parser)]
@@ -38,7 +54,8 @@ pub enum Outcome {
     version,
     about = "Keys, values, locks and cluster administration of a statestore cluster",
     disable_help_flag = true,
-    after_help = "Exit codes: 0 done/found/applied, 1 not found, 2 not applied, 3 error, 64 bad usage."
+    after_help = "Exit codes: 0 done/found/applied, 1 not found, 2 not applied, 3 error, 64 bad usage; \
+                  lock ... -- CMD exits with CMD's code."
 )]
 pub struct Args {
     #[command(flatten)]
@@ -79,6 +96,19 @@ pub struct Args {
 }
 
 /// Broker connection flags, spelled as `mosquitto_pub` spells them.
+impl Args {
+    /// Parses the process's arguments. `-h` is the broker host everywhere, as in `mosquitto_pub`:
+    /// clap's own `-h` is taken out of every subcommand, which keep `--help`.
+    pub fn parse_command_line() -> Result<Args, clap::Error> {
+        use clap::{CommandFactory, FromArgMatches};
+        fn without_short_help(command: clap::Command) -> clap::Command {
+            command.disable_help_flag(true).mut_subcommands(without_short_help)
+        }
+        let matches = without_short_help(Args::command()).try_get_matches()?;
+        Args::from_arg_matches(&matches)
+    }
+}
+
 #[derive(Debug, ClapArgs)]
 pub struct BrokerArgs {
     /// MQTT broker host.

@@ -4,7 +4,7 @@
 //! | route | what |
 //! |---|---|
 //! | `POST /raft/append`, `/raft/vote`, `/raft/snapshot`, `/raft/prevote` | Raft RPC, bincode bodies ([`raft_rpc`]) |
-//! | `GET /cluster`, `POST /cluster/learners`, `POST /cluster/members` | membership, JSON ([`cluster`]) |
+//! | `GET /cluster`, `POST /cluster/learners`, `POST /cluster/members` | membership, JSON ([`cluster`]); a follower forwards changes to the leader ([`forward`]) |
 //! | `GET /health`, `GET /ready`, `GET /metrics` | liveness, readiness, Prometheus ([`cluster`]) |
 //! | `POST /v1/command` | execute one RESP3 request ([`command`]) |
 //!
@@ -15,6 +15,7 @@
 
 pub mod cluster;
 pub mod command;
+pub mod forward;
 pub mod raft_rpc;
 pub mod tls;
 
@@ -51,6 +52,7 @@ pub fn router(node: Arc<Node>, client_certificates: bool) -> Router {
     let membership = Router::new()
         .route("/cluster/learners", post(cluster::add_learner))
         .route("/cluster/members", post(cluster::change_members))
+        .route_layer(middleware::from_fn_with_state(node.clone(), forward::to_leader))
         .route("/cluster/snapshot", post(cluster::snapshot));
     let mut guarded = raft.merge(command).merge(membership).route_layer(authenticated);
     if client_certificates {
