@@ -15,7 +15,7 @@ cli="$CARGO_TARGET_DIR/release/statestore-cli"
 trap 'bash cluster/local.sh down >/dev/null 2>&1 || true; rm -rf "$scratch"' EXIT
 fail() { echo "local-check: $*" >&2; exit 1; }
 
-cargo build --locked --release --bin statestore-cli
+cargo build --locked --release --workspace --bins
 bash cluster/local.sh up
 "$cli" -p "$MQTT_PORT" set local-check works >/dev/null
 [[ "$("$cli" -p "$MQTT_PORT" get local-check)" == works ]] || fail "the key did not read back"

@@ -95,8 +95,8 @@ up() {
   bash cluster/packages.sh --check || die "install the packages above, then run this again"
   command -v cargo >/dev/null || die "cargo is missing: install Rust with rustup (https://rustup.rs)"
   mkdir -p "$data"
-  echo "building the release binary (the first build compiles RocksDB: ~15 minutes)"
-  cargo build --locked --release --bin statestore
+  echo "building the release binaries (the first build compiles RocksDB: ~15 minutes)"
+  cargo build --locked --release --workspace --bins
   if [[ -n "$broker" ]]; then
     echo "$broker" >"$data/broker"
   else
