@@ -23,7 +23,7 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions};
 use rumqttc::{NetworkOptions, TlsConfiguration, Transport};
 use statestore_protocol::topic::{hex_upper, NOTIFICATION_PREFIX, REQUEST_TOPIC};
-use statestore_protocol::{Command, Hlc, Notification, Response, MAX_CLOCK_DRIFT_MS};
+use statestore_protocol::{property, Command, Hlc, Notification, Response, MAX_CLOCK_DRIFT_MS};
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use tls::TlsConfig;
@@ -227,11 +227,11 @@ impl Client {
         };
         let mut user_properties = Vec::with_capacity(4);
         if let Some(token) = fencing_token {
-            user_properties.push(("__ft".to_string(), token.to_string()));
+            user_properties.push((property::FENCING_TOKEN.to_string(), token.to_string()));
         }
-        user_properties.push(("__srcId".to_string(), self.client_id.clone()));
-        user_properties.push(("__ts".to_string(), self.timestamp()?.to_string()));
-        user_properties.push(("__protVer".to_string(), "1.0".to_string()));
+        user_properties.push((property::SOURCE_ID.to_string(), self.client_id.clone()));
+        user_properties.push((property::TIMESTAMP.to_string(), self.timestamp()?.to_string()));
+        user_properties.push((property::PROTOCOL_VERSION.to_string(), "1.0".to_string()));
         let properties = PublishProperties {
             response_topic: Some(self.response_topic.clone()),
             correlation_data: Some(correlation.clone()),
@@ -361,18 +361,18 @@ fn user_property<'a>(properties: &'a PublishProperties, name: &str) -> Option<&'
 }
 
 fn version_of(properties: &PublishProperties) -> Result<Option<Hlc>, ClientError> {
-    user_property(properties, "__ts")
+    user_property(properties, property::TIMESTAMP)
         .map(|ts| ts.parse::<Hlc>().map_err(|_| ClientError::MalformedVersion(ts.to_string())))
         .transpose()
 }
 
 fn reply_of(payload: &[u8], properties: &PublishProperties) -> Result<Reply, ClientError> {
-    match user_property(properties, "__stat") {
+    match user_property(properties, property::STATUS) {
         Some("200") => {}
         status => {
             return Err(ClientError::Status {
                 status: status.unwrap_or("(none)").to_string(),
-                message: user_property(properties, "__stMsg").map(str::to_string),
+                message: user_property(properties, property::STATUS_MESSAGE).map(str::to_string),
             })
         }
     }
@@ -413,8 +413,8 @@ mod tests {
     fn replies_need_status_200_and_a_valid_payload() {
         let mut properties = PublishProperties::default();
         assert!(matches!(reply_of(b"+OK\r\n", &properties), Err(ClientError::Status { .. })));
-        properties.user_properties.push(("__stat".into(), "200".into()));
-        properties.user_properties.push(("__ts".into(), "000000000000001:00002:n1".into()));
+        properties.user_properties.push((property::STATUS.into(), "200".into()));
+        properties.user_properties.push((property::TIMESTAMP.into(), "000000000000001:00002:n1".into()));
         let reply = reply_of(b"+OK\r\n", &properties).unwrap();
         assert_eq!(reply.response, Response::Ok);
         assert_eq!(reply.version, Some(Hlc::new(1, 2, "n1")));

@@ -109,3 +109,115 @@ async fn a_stopped_followers_data_directory_restores_the_cluster() {
     }
     cluster.wait_ready().await;
 }
+
+/// The CLI binary, built beside the node binary.
+fn cli() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_statestore")).with_file_name("statestore-cli")
+}
+
+fn run_cli(endpoint: &str, args: &[&str]) -> (Option<i32>, String) {
+    let output = std::process::Command::new(cli())
+        .args(["--json", "--endpoint", endpoint])
+        .args(args)
+        .env_remove("STATESTORE_ENDPOINTS")
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    (output.status.code(), text)
+}
+
+/// A GET of `key` at node `id`: the value and its version.
+async fn read(cluster: &Cluster, id: u64, key: &str) -> (Response, Option<String>) {
+    let answer = cluster.get(id, key).await.unwrap();
+    (answer.response, answer.version)
+}
+
+/// `snapshot save` takes every key of a cluster that keeps serving writes, through any node;
+/// a damaged or cut copy of the file is refused without changing anything; `snapshot restore`
+/// seeds a new cluster with every key, value, version, fencing token and deadline; versions it
+/// issues afterwards are newer; a second restore into it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_save_and_restore_seed_a_new_cluster_with_identical_keys() {
+    let old = Cluster::start(3, &[]).await;
+    let leader = old.wait_leader().await;
+    let follower = old.running().into_iter().find(|id| *id != leader).unwrap();
+    for i in 0..300 {
+        let answer = old.set(leader, &format!("key/{i:03}"), &format!("value {i}")).await.unwrap();
+        assert_eq!(answer.response, Response::Ok);
+    }
+    // A fenced key, and a key with a deadline.
+    let token = statestore_protocol::Hlc::new(common::now_ms(), 7, "holder").to_string();
+    let fenced = old
+        .http
+        .post(format!("{}/v1/command", old.url(leader)))
+        .header("statestore-ts", common::timestamp())
+        .header("statestore-ft", &token)
+        .body(statestore_protocol::Set::new("fenced", "guarded").encode())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fenced.status(), 200);
+    let px = statestore_protocol::Set {
+        key: b"expiring".to_vec(),
+        value: b"soon".to_vec(),
+        condition: statestore_protocol::SetCondition::Always,
+        expiry_ms: Some(600_000),
+    };
+    assert_eq!(old.command(leader, px.encode(), Some(&common::timestamp()), "").await.unwrap().response, Response::Ok);
+
+    // Saved through a follower, which forwards to the leader.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cluster.ssbk");
+    let (code, text) = run_cli(&old.url(follower), &["snapshot", "save", file.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{text}");
+    let saved: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(saved["keys"], 302, "{saved}");
+    let mut expected = Vec::new();
+    for i in 0..300 {
+        let key = format!("key/{i:03}");
+        expected.push((key.clone(), read(&old, leader, &key).await));
+    }
+    for key in ["fenced", "expiring"] {
+        expected.push((key.to_string(), read(&old, leader, key).await));
+    }
+    assert!(expected.iter().all(|(_, (_, version))| version.is_some()), "every key read back with its version");
+
+    // A new cluster; damaged copies are refused and change nothing.
+    let new = Cluster::start(3, &[]).await;
+    let new_leader = new.wait_leader().await;
+    let bytes = std::fs::read(&file).unwrap();
+    let (flipped, cut) = (dir.path().join("flipped.ssbk"), dir.path().join("cut.ssbk"));
+    let mut damaged = bytes.clone();
+    damaged[bytes.len() / 2] ^= 0x40;
+    std::fs::write(&flipped, damaged).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() - 100]).unwrap();
+    for (bad, needle) in [(&flipped, "damaged"), (&cut, "truncated")] {
+        let (code, text) = run_cli(&new.url(new_leader), &["snapshot", "restore", bad.to_str().unwrap()]);
+        assert_eq!(code, Some(3), "{text}");
+        assert!(text.contains(needle), "{text}");
+    }
+    assert_eq!(read(&new, new_leader, "key/000").await.0, Response::Nil, "a refused restore wrote keys");
+
+    let (code, text) = run_cli(&new.url(new_leader), &["snapshot", "restore", file.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{text}");
+    for id in new.running() {
+        let index = new.status(new_leader).await.unwrap()["committed_index"].as_u64().unwrap();
+        new.wait_applied(id, index).await;
+    }
+    for (key, (response, version)) in &expected {
+        assert_eq!(&read(&new, new_leader, key).await, &(response.clone(), version.clone()), "{key}");
+    }
+    // The fencing token came along: a write without one, or with an older one, is refused.
+    let unfenced = new.set(new_leader, "fenced", "taken").await.unwrap();
+    assert!(matches!(unfenced.response, Response::Error(_)), "{unfenced:?}");
+    // New versions are newer than every restored one.
+    let hlc = |text: &str| text.parse::<statestore_protocol::Hlc>().unwrap();
+    let newest = expected.iter().filter_map(|(_, (_, v))| v.as_deref().map(hlc)).max().unwrap();
+    let after = hlc(&new.set(new_leader, "after-restore", "v").await.unwrap().version.unwrap());
+    assert!(after > newest, "{after} is not newer than the restored {newest}");
+
+    // Restoring again into a cluster that holds keys is refused.
+    let (code, text) = run_cli(&new.url(new_leader), &["snapshot", "restore", file.to_str().unwrap()]);
+    assert_eq!(code, Some(3), "{text}");
+    assert!(text.contains("already holds keys"), "{text}");
+}

@@ -58,7 +58,8 @@ pub enum StoreError {
     /// The client already has as many requests in flight as a node accepts from one client.
     #[error("{}", self.text())]
     TooManyRequestsInFlight,
-    /// An error text this crate does not know (only produced when decoding a server's reply).
+    /// An error text this crate does not know (decoding a server's reply), or one outside the
+    /// protocol (a restore refused over HTTP).
     #[error("{0}")]
     Unknown(String),
 }

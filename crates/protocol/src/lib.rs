@@ -1,4 +1,4 @@
-//! The MQTT broker state store protocol, with no I/O and no async.
+//! The MQTT broker state store protocol, with no network I/O and no async.
 //!
 //! # Layout
 //! - [`command`]: one type per command (`SET`, `GET`, `DEL`, `VDEL`, `KEYNOTIFY`, `SCAN`) with its
@@ -9,14 +9,18 @@
 //! - [`error`]: [`StoreError`], the single source of every `-ERR` text.
 //! - [`hlc`]: hybrid logical clocks (versions, `__ts`, fencing tokens).
 //! - [`topic`]: request, response and notification topics.
+//! - [`property`]: the names of the MQTT user properties.
 //! - [`glob`]: the SCAN pattern language.
+//! - [`backup`]: the backup file of a cluster's keys (`snapshot save` / `restore`).
 //! - `resp` (private): RESP3 framing shared by all of the above.
 
+pub mod backup;
 pub mod command;
 pub mod error;
 pub mod glob;
 pub mod hlc;
 pub mod notification;
+pub mod property;
 pub mod request;
 mod resp;
 pub mod response;

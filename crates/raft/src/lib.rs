@@ -250,4 +250,13 @@ impl StateReader {
     pub fn committed_index(&self) -> u64 {
         self.committed.load(Ordering::Acquire)
     }
+
+    /// Writes every key of one consistent view of the applied state to `out` as a backup
+    /// (`statestore_protocol::backup`). Blocking: run it off the async threads.
+    pub fn export_keys(
+        &self,
+        out: impl std::io::Write,
+    ) -> Result<statestore_protocol::backup::BackupEnd, types::RaftStorageError> {
+        state_store::export_keys(&self.db, out)
+    }
 }

@@ -24,7 +24,8 @@ use openraft::storage::RaftStateMachine;
 use openraft::{AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
 use rocksdb::{IngestExternalFileOptions, IteratorMode, SstFileWriter, WriteBatch, DB};
 use serde::de::DeserializeOwned;
-use statestore_statemachine::{dedup, meta, Operation, Overlay, StateMachine, Table};
+use statestore_protocol::backup::{BackupEnd, BackupKey, BackupWriter};
+use statestore_statemachine::{dedup, meta, KeyRecord, Operation, Overlay, StateMachine, StorageRead, Table};
 use tokio::sync::broadcast;
 
 use crate::db::{self, add_to, cf, synced, Tables, ViewTables};
@@ -436,6 +437,41 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         self.metrics.snapshots.with_label_values(&["built"]).inc();
         Ok(Snapshot { meta, snapshot: Box::new(tokio::fs::File::from_std(file)) })
     }
+}
+
+/// Writes every key of one consistent view of the applied state to `out` as a backup
+/// (`statestore_protocol::backup`); returns the number of keys and the log index the view had
+/// applied.
+pub(crate) fn export_keys(db: &DB, out: impl std::io::Write) -> Result<BackupEnd, RaftStorageError> {
+    const PAGE: usize = 1024;
+    let view = db.snapshot();
+    let tables = ViewTables { db, view: &view };
+    let applied: Option<LogId> =
+        meta_value(view.get_cf(cf(db, Table::Meta.name()), LAST_APPLIED).map_err(read_error)?)?;
+    let applied_index = applied.map_or(0, |id| id.index);
+    let mut writer = BackupWriter::new(out).map_err(read_error)?;
+    let mut cursor: Option<Vec<u8>> = None;
+    loop {
+        let page = tables.scan(Table::Keys, b"", cursor.as_deref(), PAGE).map_err(read_error)?;
+        for (key, record) in &page {
+            let record = KeyRecord::decode(record).map_err(read_error)?;
+            let backed_up = BackupKey {
+                key: key.clone(),
+                value: record.value,
+                version: record.version,
+                fencing_token: record.fencing_token,
+                expires_at: record.expires_at,
+            };
+            writer.push(&backed_up).map_err(read_error)?;
+        }
+        match page.last() {
+            Some((last, _)) if page.len() == PAGE => cursor = Some(last.clone()),
+            _ => break,
+        }
+    }
+    let keys = writer.keys();
+    writer.finish(applied_index).map_err(read_error)?;
+    Ok(BackupEnd { keys, applied_index })
 }
 
 /// Streams a consistent view of every table into a new kept snapshot; returns its metadata and

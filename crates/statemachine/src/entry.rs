@@ -39,6 +39,7 @@ impl Entry {
                 Operation::ConfirmNotifications { .. } => 0,
                 Operation::Enroll { incarnation, .. } => incarnation.as_ref().map_or(0, String::len),
                 Operation::NameCluster { id, .. } => id.len(),
+                Operation::Restore { keys, .. } => keys.iter().map(|k| k.key.len() + k.value.len() + 64).sum(),
             }
     }
 }
@@ -65,6 +66,10 @@ pub enum Operation {
     /// Names the cluster once; a later name is ignored, unless `anew`: then the cluster takes
     /// this name and forgets every enrollment (a cluster restored from a backup is a new one).
     NameCluster { id: String, anew: bool },
+    /// Loads keys from a backup (`statestore-cli snapshot restore`) as they were: value, version,
+    /// fencing token and deadline. The `first` chunk is refused unless the store holds no key;
+    /// versions issued afterwards are newer than every restored one.
+    Restore { first: bool, keys: Vec<statestore_protocol::backup::BackupKey> },
 }
 
 /// A client request with the envelope facts apply needs.

@@ -33,7 +33,7 @@ impl KeyRecord {
             .finish()
     }
 
-    pub(crate) fn decode(bytes: &[u8]) -> Result<KeyRecord, StorageError> {
+    pub fn decode(bytes: &[u8]) -> Result<KeyRecord, StorageError> {
         let mut r = Reader::new(Table::Keys, bytes)?;
         let record = KeyRecord {
             value: r.bytes()?.to_vec(),

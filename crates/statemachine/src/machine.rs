@@ -1,6 +1,7 @@
 //! Applying log entries: the semantics of every command (PROTOCOL.md §6, §7, §9–§11).
 
 use bytes::Bytes;
+use statestore_protocol::backup::BackupKey;
 use statestore_protocol::topic::{notification_topic_len, MAX_TOPIC_LEN};
 use statestore_protocol::{
     Command, Get, Hlc, KeyNotify, Notification, Request, Response, Set, SetCondition, StoreError,
@@ -129,6 +130,7 @@ impl StateMachine {
             Operation::NameCluster { id, anew } => {
                 Reply::new(Response::Int(i64::from(meta::name_cluster(apply.txn, id, *anew)?)), None)
             }
+            Operation::Restore { first, keys } => apply.restore(*first, keys)?,
         };
         Ok(Applied { reply, notifications: apply.notifications, deduplicated: false })
     }
@@ -296,6 +298,28 @@ impl<T: Txn> Apply<'_, T> {
             Registered::Added | Registered::Already => Ok(Reply::new(Response::Ok, None)),
             Registered::OverQuota => Err(StoreError::QuotaExceeded.into()),
         }
+    }
+
+    /// A chunk of a backup: each key stored as it was. A key already here is replaced (a chunk
+    /// sent again after a lost answer changes nothing).
+    fn restore(&mut self, first: bool, keys: &[BackupKey]) -> Result<Reply, StorageError> {
+        if first && meta::key_count(self.txn)? > 0 {
+            return Ok(Reply::error(StoreError::Unknown(
+                "the store already holds keys: restore a backup into a new cluster".into(),
+            )));
+        }
+        for restored in keys {
+            let current = keyspace::load(self.txn, &restored.key)?;
+            let record = KeyRecord {
+                value: restored.value.clone(),
+                version: restored.version.clone(),
+                fencing_token: restored.fencing_token.clone(),
+                expires_at: restored.expires_at,
+            };
+            keyspace::store(self.txn, &restored.key, current.as_ref(), &record)?;
+            meta::observe_version(self.txn, &restored.version)?;
+        }
+        Ok(Reply::new(Response::Int(keys.len() as i64), None))
     }
 
     /// The sweeper's Expire: only the exact version it saw, and only once it is due.

@@ -76,6 +76,15 @@ pub(crate) fn next_version(txn: &mut impl Txn, request: Option<&Hlc>, now: u64) 
     Ok(version)
 }
 
+/// Makes `version` the last issued one if it is newer (a restored key's), so the next version
+/// issued is newer still.
+pub(crate) fn observe_version(txn: &mut impl Txn, version: &Hlc) -> Result<(), StorageError> {
+    if *version > last_version(txn)? {
+        txn.put(Table::Meta, VERSION.to_vec(), Writer::new().hlc(version).finish());
+    }
+    Ok(())
+}
+
 /// Number of keys stored (including keys past their deadline not yet swept).
 pub fn key_count(store: &(impl StorageRead + ?Sized)) -> Result<u64, StorageError> {
     read_u64(store, KEY_COUNT)

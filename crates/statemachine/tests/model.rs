@@ -260,7 +260,9 @@ impl Model {
                 self.watchers.retain(|(_, c)| c != client_id);
                 Reply::new(Response::Int((before - self.watchers.len()) as i64), None)
             }
-            Operation::Enroll { .. } | Operation::NameCluster { .. } => unreachable!("not generated"),
+            Operation::Enroll { .. } | Operation::NameCluster { .. } | Operation::Restore { .. } => {
+                unreachable!("not generated")
+            }
             Operation::ConfirmNotifications { through } => {
                 let lasts: Vec<u64> = self.changes.range(..=*through).map(|(last, _)| *last).collect();
                 let confirmed: Vec<u64> = lasts.iter().flat_map(|last| self.changes.remove(last).unwrap()).collect();

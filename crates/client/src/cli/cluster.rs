@@ -40,29 +40,40 @@ pub enum ClusterCommand {
     },
 }
 
-struct Http {
+/// The nodes' HTTP API, as the `cluster` and `snapshot` commands reach it.
+pub(super) struct Http {
     client: reqwest::Client,
     endpoints: Vec<String>,
 }
 
 /// An HTTP answer: status and JSON body (or the text when it is not JSON).
-struct Answer {
-    status: u16,
-    body: Value,
+pub(super) struct Answer {
+    pub status: u16,
+    pub body: Value,
+}
+
+/// What a request carries.
+#[derive(Clone)]
+pub(super) enum Payload {
+    None,
+    Json(Value),
+    Bytes(Vec<u8>),
 }
 
 impl Http {
-    async fn call(
+    pub(super) async fn call(
         &self,
         endpoint: &str,
         method: reqwest::Method,
         path: &str,
-        body: Option<&Value>,
+        body: Payload,
     ) -> Result<Answer, String> {
         let url = format!("{}{path}", endpoint.trim_end_matches('/'));
         let mut request = self.client.request(method, &url);
-        if let Some(body) = body {
-            request = request.json(body);
+        match body {
+            Payload::None => {}
+            Payload::Json(body) => request = request.json(&body),
+            Payload::Bytes(body) => request = request.body(body),
         }
         let response = request.send().await.map_err(|e| format!("{url}: {}", error_chain(&e)))?;
         let status = response.status().as_u16();
@@ -71,11 +82,24 @@ impl Http {
         Ok(Answer { status, body })
     }
 
+    /// `GET path` of the first endpoint that answers, as a response to read on.
+    pub(super) async fn first_response(&self, path: &str) -> Result<reqwest::Response, String> {
+        let mut errors = Vec::new();
+        for endpoint in &self.endpoints {
+            let url = format!("{}{path}", endpoint.trim_end_matches('/'));
+            match self.client.get(&url).send().await {
+                Ok(response) => return Ok(response),
+                Err(e) => errors.push(format!("{url}: {}", error_chain(&e))),
+            }
+        }
+        Err(format!("no endpoint answered: {}", errors.join("; ")))
+    }
+
     /// The first endpoint that answers `GET path`.
     async fn first(&self, path: &str) -> Result<(String, Answer), String> {
         let mut errors = Vec::new();
         for endpoint in &self.endpoints {
-            match self.call(endpoint, reqwest::Method::GET, path, None).await {
+            match self.call(endpoint, reqwest::Method::GET, path, Payload::None).await {
                 Ok(answer) => return Ok((endpoint.clone(), answer)),
                 Err(e) => errors.push(e),
             }
@@ -83,11 +107,12 @@ impl Http {
         Err(format!("no endpoint answered: {}", errors.join("; ")))
     }
 
-    /// Sends a membership change to the leader, following one or two 421 redirects.
-    async fn to_leader(&self, path: &str, body: &Value) -> Result<Answer, String> {
+    /// Sends a change to the leader (any node forwards it there), following one or two 421
+    /// redirects of a node that could not.
+    pub(super) async fn to_leader(&self, path: &str, body: Payload) -> Result<Answer, String> {
         let (mut endpoint, _) = self.first("/health").await?;
         for _ in 0..3 {
-            let answer = self.call(&endpoint, reqwest::Method::POST, path, Some(body)).await?;
+            let answer = self.call(&endpoint, reqwest::Method::POST, path, body.clone()).await?;
             if answer.status != 421 {
                 return Ok(answer);
             }
@@ -123,44 +148,15 @@ pub async fn run(
     timeout: Duration,
     command: ClusterCommand,
 ) -> Outcome {
-    let endpoints: Vec<String> = endpoints.iter().map(|e| e.trim().to_string()).filter(|e| !e.is_empty()).collect();
-    if endpoints.is_empty() {
-        return out.usage("give at least one --endpoint");
-    }
-    if let Some(bad) = endpoints.iter().find(|e| !e.starts_with("http://") && !e.starts_with("https://")) {
-        return out.usage(&format!("{bad:?} is not an http:// or https:// URL"));
-    }
     // Adding a learner waits for it to catch up: allow that long, and a little more.
     let wait = match &command {
         ClusterCommand::AddLearner { catch_up, .. } => timeout.max(Duration::from_secs(catch_up + 5)),
         _ => timeout,
     };
-    // Membership changes need the cluster secret when the cluster has one.
-    let mut headers = reqwest::header::HeaderMap::new();
-    match statestore_client::secret::ClusterSecret::from_env() {
-        Ok(Some(secret)) => match reqwest::header::HeaderValue::from_str(&secret.authorization()) {
-            Ok(mut value) => {
-                value.set_sensitive(true);
-                headers.insert(reqwest::header::AUTHORIZATION, value);
-            }
-            Err(e) => return out.error(&format!("the cluster secret: {e}")),
-        },
-        Ok(None) => {}
-        Err(e) => return out.usage(&e),
-    }
-    let mut builder =
-        reqwest::Client::builder().default_headers(headers).timeout(wait).connect_timeout(Duration::from_secs(3));
-    if endpoints.iter().any(|e| e.starts_with("https://")) {
-        match statestore_client::tls::client_config(tls) {
-            Ok(config) => builder = builder.use_preconfigured_tls(config),
-            Err(e) => return out.usage(&format!("TLS to the endpoints: {e:#}")),
-        }
-    }
-    let client = match builder.build() {
-        Ok(client) => client,
-        Err(e) => return out.error(&format!("HTTP client: {e}")),
+    let http = match Http::new(endpoints, tls, wait) {
+        Ok(http) => http,
+        Err(failure) => return failure.report(out),
     };
-    let http = Http { client, endpoints };
     match command {
         ClusterCommand::Status => status(out, &http).await,
         ClusterCommand::Members => members(out, &http).await,
@@ -174,6 +170,57 @@ pub async fn run(
     }
 }
 
+/// Why the HTTP client could not be set up: the user's mistake, or not.
+pub(super) enum Setup {
+    Usage(String),
+    Error(String),
+}
+
+impl Setup {
+    pub(super) fn report(self, out: &Output) -> Outcome {
+        match self {
+            Setup::Usage(message) => out.usage(&message),
+            Setup::Error(message) => out.error(&message),
+        }
+    }
+}
+
+impl Http {
+    /// A client of `endpoints` whose requests give up after `wait`, sending the cluster secret
+    /// from the environment when it is set.
+    pub(super) fn new(endpoints: &[String], tls: &TlsConfig, wait: Duration) -> Result<Http, Setup> {
+        let endpoints: Vec<String> = endpoints.iter().map(|e| e.trim().to_string()).filter(|e| !e.is_empty()).collect();
+        if endpoints.is_empty() {
+            return Err(Setup::Usage("give at least one --endpoint".into()));
+        }
+        if let Some(bad) = endpoints.iter().find(|e| !e.starts_with("http://") && !e.starts_with("https://")) {
+            return Err(Setup::Usage(format!("{bad:?} is not an http:// or https:// URL")));
+        }
+        let mut headers = reqwest::header::HeaderMap::new();
+        match statestore_client::secret::ClusterSecret::from_env() {
+            Ok(Some(secret)) => match reqwest::header::HeaderValue::from_str(&secret.authorization()) {
+                Ok(mut value) => {
+                    value.set_sensitive(true);
+                    headers.insert(reqwest::header::AUTHORIZATION, value);
+                }
+                Err(e) => return Err(Setup::Error(format!("the cluster secret: {e}"))),
+            },
+            Ok(None) => {}
+            Err(e) => return Err(Setup::Usage(e)),
+        }
+        let mut builder =
+            reqwest::Client::builder().default_headers(headers).timeout(wait).connect_timeout(Duration::from_secs(3));
+        if endpoints.iter().any(|e| e.starts_with("https://")) {
+            match statestore_client::tls::client_config(tls) {
+                Ok(config) => builder = builder.use_preconfigured_tls(config),
+                Err(e) => return Err(Setup::Usage(format!("TLS to the endpoints: {e:#}"))),
+            }
+        }
+        let client = builder.build().map_err(|e| Setup::Error(format!("HTTP client: {e}")))?;
+        Ok(Http { client, endpoints })
+    }
+}
+
 fn u64_field(view: &Value, name: &str) -> u64 {
     view.get(name).and_then(Value::as_u64).unwrap_or(0)
 }
@@ -182,8 +229,8 @@ async fn status(out: &Output, http: &Http) -> Outcome {
     let mut rows = Vec::new();
     let mut reachable = 0;
     for endpoint in &http.endpoints {
-        let view = http.call(endpoint, reqwest::Method::GET, "/cluster", None).await;
-        let ready = http.call(endpoint, reqwest::Method::GET, "/ready", None).await;
+        let view = http.call(endpoint, reqwest::Method::GET, "/cluster", Payload::None).await;
+        let ready = http.call(endpoint, reqwest::Method::GET, "/ready", Payload::None).await;
         let row = match (view, ready) {
             (Err(e), _) | (Ok(_), Err(e)) => json!({"endpoint": endpoint, "error": e}),
             (Ok(view), Ok(_)) if view.status != 200 => json!({"endpoint": endpoint, "error": api_error(&view)}),
@@ -271,7 +318,7 @@ async fn ready(out: &Output, http: &Http) -> Outcome {
     let mut all_ready = true;
     let mut rows = Vec::new();
     for endpoint in &http.endpoints {
-        let (ready, reason) = match http.call(endpoint, reqwest::Method::GET, "/ready", None).await {
+        let (ready, reason) = match http.call(endpoint, reqwest::Method::GET, "/ready", Payload::None).await {
             Ok(answer) if answer.status == 200 => (true, None),
             Ok(answer) => (false, Some(api_error(&answer))),
             Err(e) => (false, Some(e)),
@@ -299,7 +346,7 @@ async fn ready(out: &Output, http: &Http) -> Outcome {
 }
 
 async fn change(out: &Output, http: &Http, path: &str, body: &Value) -> Outcome {
-    let answer = match http.to_leader(path, body).await {
+    let answer = match http.to_leader(path, Payload::Json(body.clone())).await {
         Ok(answer) => answer,
         Err(e) => return out.error(&e),
     };

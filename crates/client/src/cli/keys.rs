@@ -104,7 +104,9 @@ fn prepare(command: Command) -> Result<Prepared, String> {
             args.check()?;
             Prepared::Load(args)
         }
-        Command::Cluster(_) => unreachable!("cluster commands do not use the broker"),
+        Command::Cluster(_) | Command::Snapshot(_) => {
+            unreachable!("cluster and snapshot commands do not use the broker")
+        }
     })
 }
 

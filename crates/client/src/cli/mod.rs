@@ -4,6 +4,7 @@ mod cluster;
 mod keys;
 mod load;
 mod lock;
+mod snapshot;
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -213,6 +214,9 @@ pub enum Command {
     /// Cluster administration over the nodes' HTTP API.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    /// Online backup of every key, and restoring one into a new cluster (over the nodes' HTTP API).
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCommand),
 }
 
 /// Runs the parsed command line.
@@ -227,6 +231,11 @@ pub async fn run(args: Args) -> Outcome {
             let client_auth = args.endpoint_cert.zip(args.endpoint_key);
             let tls = TlsConfig { ca: args.endpoint_cafile, client_auth };
             cluster::run(&out, &args.endpoint, &tls, timeout, command).await
+        }
+        Command::Snapshot(command) => {
+            let client_auth = args.endpoint_cert.zip(args.endpoint_key);
+            let tls = TlsConfig { ca: args.endpoint_cafile, client_auth };
+            snapshot::run(&out, &args.endpoint, &tls, command).await
         }
         command => {
             let options = match client_options(&args.broker, timeout) {

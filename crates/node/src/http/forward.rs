@@ -1,6 +1,6 @@
-//! Membership changes sent to a follower are carried to the leader by the follower itself, so an
-//! operator may use any node's address (one that can reach the others by their advertised URLs
-//! need not be the operator's machine). The forwarded request carries [`FORWARDED_HEADER`]; a
+//! Membership changes, backups and restores sent to a follower are carried to the leader by the
+//! follower itself, so an operator may use any node's address (one that can reach the others by
+//! their advertised URLs need not be the operator's machine). The forwarded request carries [`FORWARDED_HEADER`]; a
 //! node that receives one and does not lead answers 421 with the leader it knows instead of
 //! forwarding again.
 
@@ -19,8 +19,8 @@ use crate::node::Node;
 
 /// Marks a request a node has forwarded to its leader.
 pub const FORWARDED_HEADER: &str = "x-statestore-forwarded-by";
-/// The largest membership request body forwarded.
-const BODY_LIMIT: usize = 1 << 20;
+/// The largest request body forwarded (a restore chunk).
+const BODY_LIMIT: usize = super::backup::RESTORE_BODY_LIMIT;
 /// How long the leader may take: adding a learner waits for it to catch up.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -39,7 +39,7 @@ pub async fn to_leader(State(node): State<Arc<Node>>, request: Request, next: Ne
     };
     let (parts, body) = request.into_parts();
     let Ok(body) = to_bytes(body, BODY_LIMIT).await else {
-        return ApiError::bad_request(format!("a membership request is at most {BODY_LIMIT} bytes")).into_response();
+        return ApiError::bad_request(format!("a forwarded request is at most {BODY_LIMIT} bytes")).into_response();
     };
     let path = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str());
     let url = format!("{address}{path}");
@@ -73,11 +73,8 @@ pub async fn to_leader(State(node): State<Arc<Node>>, request: Request, next: Ne
     };
     let status = answer.status();
     let content_type = answer.headers().get(header::CONTENT_TYPE).cloned();
-    let body = match answer.bytes().await {
-        Ok(body) => body,
-        Err(e) => return unreachable(e.to_string()),
-    };
-    let mut response = Response::new(Body::from(body));
+    // Streamed: a backup passes through without being held here.
+    let mut response = Response::new(Body::from_stream(answer.bytes_stream()));
     *response.status_mut() = status;
     if let Some(content_type) = content_type {
         response.headers_mut().insert(header::CONTENT_TYPE, content_type);

@@ -7,12 +7,14 @@
 //! | `GET /cluster`, `POST /cluster/learners`, `POST /cluster/members` | membership, JSON ([`cluster`]); a follower forwards changes to the leader ([`forward`]) |
 //! | `GET /health`, `GET /ready`, `GET /metrics` | liveness, readiness, Prometheus ([`cluster`]) |
 //! | `POST /v1/command` | execute one RESP3 request ([`command`]) |
+//! | `GET /cluster/backup`, `POST /cluster/restore` | online backup of the keys, and restoring one into a new cluster ([`backup`]) |
 //!
 //! With a cluster secret configured, Raft RPC, the `POST /cluster/...` routes and `/v1/command`
 //! answer 401 unless the request carries `Authorization: Bearer <secret>`; with TLS ([`tls`]),
 //! they also need a client certificate the cluster's CA signs. `GET /cluster`, `/health`,
 //! `/ready` and `/metrics` stay open.
 
+pub mod backup;
 pub mod cluster;
 pub mod command;
 pub mod forward;
@@ -52,6 +54,8 @@ pub fn router(node: Arc<Node>, client_certificates: bool) -> Router {
     let membership = Router::new()
         .route("/cluster/learners", post(cluster::add_learner))
         .route("/cluster/members", post(cluster::change_members))
+        .route("/cluster/backup", get(backup::save))
+        .route("/cluster/restore", post(backup::restore).layer(DefaultBodyLimit::max(backup::RESTORE_BODY_LIMIT)))
         .route_layer(middleware::from_fn_with_state(node.clone(), forward::to_leader))
         .route("/cluster/snapshot", post(cluster::snapshot));
     let mut guarded = raft.merge(command).merge(membership).route_layer(authenticated);

@@ -9,7 +9,7 @@ use rumqttc::v5::mqttbytes::QoS;
 use statestore_protocol::topic::{
     check_response_topic, client_id_from_response_topic, hex_upper, ResponseTopicProblem,
 };
-use statestore_protocol::{Command, Hlc, Request, Response, StoreError};
+use statestore_protocol::{property, Command, Hlc, Request, Response, StoreError};
 use statestore_statemachine::{ClientRequest, Reply, RequestIdentity};
 
 use crate::access::{KeyAccess, Prefixes};
@@ -99,7 +99,7 @@ impl Inbound {
         let response_topic =
             check_response_topic(properties.response_topic.as_deref()).map_err(DropReason::ResponseTopic)?.to_string();
         let user = |name: &str| properties.user_properties.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
-        let src_id = user("__srcId").filter(|id| !id.is_empty());
+        let src_id = user(property::SOURCE_ID).filter(|id| !id.is_empty());
         let client_id = src_id.or_else(|| client_id_from_response_topic(&response_topic)).map(str::to_string);
         let message_expiry_secs = properties.message_expiry_interval;
         let deadline = message_expiry_secs.map(|secs| received + Duration::from_secs(u64::from(secs)));
@@ -109,12 +109,12 @@ impl Inbound {
             (Some(prefixes), Some(key)) => !prefixes.allows(key),
             _ => false,
         };
-        let body = if let Some(version) = user("__protVer").filter(|v| !supported_version(v)) {
+        let body = if let Some(version) = user(property::PROTOCOL_VERSION).filter(|v| !supported_version(v)) {
             Body::UnsupportedVersion(version.to_string())
         } else if correlation_data.is_none() {
             Body::Invalid(StoreError::MissingCorrelationData)
         } else {
-            match Request::parse(&publish.payload, user("__ts"), user("__ft")) {
+            match Request::parse(&publish.payload, user(property::TIMESTAMP), user(property::FENCING_TOKEN)) {
                 // Registrations belong to the client id: one that disagrees with the response
                 // topic, which the broker's ACLs can tie to the publisher, is not taken on trust.
                 Ok(request)
@@ -179,15 +179,18 @@ impl Inbound {
     /// Properties of the answer: `__stat`, `__protVer`, the content type, the correlation data,
     /// `__ts` when given, and what remains of the message expiry (at least one second).
     pub fn response_properties(&self, status: u16, version: Option<&Hlc>, now: Instant) -> PublishProperties {
-        let mut user_properties =
-            vec![("__stat".to_string(), status.to_string()), ("__protVer".to_string(), PROTOCOL_VERSION.to_string())];
+        let mut user_properties = vec![
+            (property::STATUS.to_string(), status.to_string()),
+            (property::PROTOCOL_VERSION.to_string(), PROTOCOL_VERSION.to_string()),
+        ];
         if let Some(version) = version {
-            user_properties.push(("__ts".to_string(), version.to_string()));
+            user_properties.push((property::TIMESTAMP.to_string(), version.to_string()));
         }
         if let Body::UnsupportedVersion(requested) = &self.body {
-            user_properties.push(("__supProtMajVer".to_string(), SUPPORTED_MAJOR.to_string()));
-            user_properties.push(("__requestProtVer".to_string(), requested.clone()));
-            user_properties.push(("__stMsg".to_string(), format!("protocol version {requested} is not supported")));
+            user_properties.push((property::SUPPORTED_MAJOR_VERSIONS.to_string(), SUPPORTED_MAJOR.to_string()));
+            user_properties.push((property::REQUESTED_PROTOCOL_VERSION.to_string(), requested.clone()));
+            user_properties
+                .push((property::STATUS_MESSAGE.to_string(), format!("protocol version {requested} is not supported")));
         }
         let message_expiry_interval = self.deadline.map(|deadline| {
             let left = deadline.saturating_duration_since(now);
@@ -239,9 +242,9 @@ mod tests {
             message_expiry_interval: Some(10),
             content_type: Some(CONTENT_TYPE.into()),
             user_properties: vec![
-                ("__srcId".into(), "c1".into()),
-                ("__ts".into(), TS.into()),
-                ("__protVer".into(), "1.0".into()),
+                (property::SOURCE_ID.into(), "c1".into()),
+                (property::TIMESTAMP.into(), TS.into()),
+                (property::PROTOCOL_VERSION.into(), "1.0".into()),
             ],
             ..Default::default()
         };
@@ -338,7 +341,7 @@ mod tests {
         {
             let publish = request(&set_payload(), QoS::AtLeastOnce, |p| {
                 p.user_properties.retain(|(k, _)| k != "__protVer");
-                p.user_properties.push(("__protVer".into(), version.into()));
+                p.user_properties.push((property::PROTOCOL_VERSION.into(), version.into()));
             });
             let body = Inbound::classify(&publish, Delivered::AsPublished, now, None).unwrap().body;
             assert_eq!(matches!(body, Body::UnsupportedVersion(_)), !supported, "{version}");
@@ -365,7 +368,7 @@ mod tests {
         let with_src_id = |src_id: &str, payload: &[u8]| {
             let publish = request(payload, QoS::AtLeastOnce, |p| {
                 p.user_properties.retain(|(k, _)| k != "__srcId");
-                p.user_properties.push(("__srcId".into(), src_id.into()));
+                p.user_properties.push((property::SOURCE_ID.into(), src_id.into()));
             });
             Inbound::classify(&publish, Delivered::AsPublished, Instant::now(), None).unwrap().body
         };
@@ -397,8 +400,15 @@ mod tests {
         assert_eq!(properties.message_expiry_interval, Some(8));
         let user: Vec<(&str, &str)> =
             properties.user_properties.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        assert_eq!(user, vec![("__stat", "200"), ("__protVer", "1.0"), ("__ts", TS)]);
-        assert!(!inbound.response_properties(200, None, later).user_properties.iter().any(|(k, _)| k == "__ts"));
+        assert_eq!(
+            user,
+            vec![(property::STATUS, "200"), (property::PROTOCOL_VERSION, "1.0"), (property::TIMESTAMP, TS)]
+        );
+        assert!(!inbound
+            .response_properties(200, None, later)
+            .user_properties
+            .iter()
+            .any(|(k, _)| k == property::TIMESTAMP));
         assert!(!inbound.expired(later));
         assert!(inbound.expired(now + Duration::from_secs(10)));
     }

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5::PublishProperties;
-use statestore_protocol::Notification;
+use statestore_protocol::{property, Notification};
 use statestore_raft::StateReader;
 use statestore_statemachine::OutboxEntry;
 use tokio::sync::oneshot;
@@ -127,8 +127,8 @@ impl Notifier {
         let properties = PublishProperties {
             content_type: Some(CONTENT_TYPE.to_string()),
             user_properties: vec![
-                ("__ts".to_string(), notification.version.to_string()),
-                ("__protVer".to_string(), PROTOCOL_VERSION.to_string()),
+                (property::TIMESTAMP.to_string(), notification.version.to_string()),
+                (property::PROTOCOL_VERSION.to_string(), PROTOCOL_VERSION.to_string()),
             ],
             ..Default::default()
         };

@@ -268,14 +268,14 @@ mod tests {
     use rumqttc::v5::mqttbytes::v5::PublishProperties;
     use rumqttc::v5::mqttbytes::QoS;
     use statestore_protocol::topic::REQUEST_TOPIC;
-    use statestore_protocol::{Get, Set};
+    use statestore_protocol::{property, Get, Set};
 
     fn shadowed(correlation: u8, payload: Vec<u8>, received: Instant) -> Shadowed {
         let properties = PublishProperties {
             response_topic: Some("clients/c/response".into()),
             correlation_data: Some(Bytes::from(vec![correlation; 16])),
             message_expiry_interval: Some(10),
-            user_properties: vec![("__ts".into(), "001795306435997:00000:c".into())],
+            user_properties: vec![(property::TIMESTAMP.into(), "001795306435997:00000:c".into())],
             ..Default::default()
         };
         let publish = Publish::new(REQUEST_TOPIC, QoS::AtLeastOnce, payload, Some(properties));
