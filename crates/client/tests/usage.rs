@@ -19,9 +19,29 @@ fn help_version_and_usage_errors() {
     let host = cli(&["get", "-h", "127.0.0.1", "-p", "1", "--timeout", "1", "k"]);
     assert_eq!(host.status.code(), Some(3), "{}", String::from_utf8_lossy(&host.stderr));
     assert!(String::from_utf8_lossy(&host.stderr).contains("127.0.0.1:1"), "{}", String::from_utf8_lossy(&host.stderr));
-    let sub_help = cli(&["get", "--help"]);
-    assert_eq!(sub_help.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&sub_help.stdout).contains("Usage"));
+    // Every subcommand's help ends with examples, as etcdctl's do.
+    for sub in [
+        &["get"][..],
+        &["set"],
+        &["del"],
+        &["vdel"],
+        &["keys"],
+        &["watch"],
+        &["lock"],
+        &["load"],
+        &["cluster", "status"],
+        &["cluster", "add-learner"],
+        &["cluster", "remove"],
+        &["snapshot", "save"],
+        &["snapshot", "restore"],
+    ] {
+        let mut args = sub.to_vec();
+        args.push("--help");
+        let help = cli(&args);
+        assert_eq!(help.status.code(), Some(0), "{args:?}");
+        let text = String::from_utf8_lossy(&help.stdout);
+        assert!(text.contains("Usage") && text.contains("Example"), "{args:?} has no examples:\n{text}");
+    }
     let version = cli(&["--version"]);
     assert_eq!(version.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&version.stdout).starts_with("statestore-cli "));

@@ -13,6 +13,9 @@ use statestore_client::tls::TlsConfig;
 #[derive(Debug, Subcommand)]
 pub enum ClusterCommand {
     /// Every endpoint's view: role, term, leader, log indexes, readiness.
+    #[command(
+        after_help = "Example:\n  statestore-cli --endpoint http://10.0.0.1:7400,http://10.0.0.2:7400 cluster status"
+    )]
     Status,
     /// The voters and learners, and which one leads.
     Members,
@@ -20,6 +23,9 @@ pub enum ClusterCommand {
     /// to the broker); print the reason of each one that is not.
     Ready,
     /// Add a node as a non-voting learner and wait until it has caught up.
+    #[command(
+        after_help = "Example (then `cluster promote 4`):\n  statestore-cli cluster add-learner 4 http://10.0.0.4:7400"
+    )]
     AddLearner {
         id: u64,
         /// The URL the other nodes reach the new node at, e.g. `http://10.0.0.4:7400`.
@@ -34,6 +40,7 @@ pub enum ClusterCommand {
         ids: Vec<u64>,
     },
     /// Remove voters or learners from the cluster.
+    #[command(after_help = "Example:\n  statestore-cli cluster remove 3")]
     Remove {
         #[arg(required = true)]
         ids: Vec<u64>,

@@ -151,6 +151,9 @@ pub struct BrokerArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Print a key's value (raw bytes, binary-safe). Exit 1 if absent.
+    #[command(
+        after_help = "Examples:\n  statestore-cli get greeting\n  statestore-cli get firmware/blob -o blob.bin\n  statestore-cli --json get greeting      # value, or value_base64 when not UTF-8, and version"
+    )]
     Get {
         #[arg(value_parser = clap::value_parser!(OsString))]
         key: OsString,
@@ -159,6 +162,9 @@ pub enum Command {
         output: Option<PathBuf>,
     },
     /// Set a key. The value comes from the argument, or from --file (`-` for standard input).
+    #[command(
+        after_help = "Examples:\n  statestore-cli set greeting hello\n  statestore-cli set config/v1 --file config.json --nx     # exit 2 if it exists\n  echo -n on | statestore-cli set lamp --file - --px 30000\n  statestore-cli set guarded v2 --fencing-token \"$TOKEN\""
+    )]
     Set {
         #[arg(value_parser = clap::value_parser!(OsString))]
         key: OsString,
@@ -178,6 +184,9 @@ pub enum Command {
         fencing_token: Option<String>,
     },
     /// Delete a key. Exit 1 if it was absent.
+    #[command(
+        after_help = "Examples:\n  statestore-cli del greeting\n  statestore-cli del guarded --fencing-token \"$TOKEN\""
+    )]
     Del {
         #[arg(value_parser = clap::value_parser!(OsString))]
         key: OsString,
@@ -185,6 +194,7 @@ pub enum Command {
         fencing_token: Option<String>,
     },
     /// Delete a key only if it holds VALUE. Exit 1 if absent, 2 if it holds another value.
+    #[command(after_help = "Example:\n  statestore-cli vdel leader node-7      # release only what node-7 holds")]
     Vdel {
         #[arg(value_parser = clap::value_parser!(OsString))]
         key: OsString,
@@ -194,11 +204,15 @@ pub enum Command {
         fencing_token: Option<String>,
     },
     /// List the keys matching a glob pattern (SCAN, all pages).
+    #[command(after_help = "Examples:\n  statestore-cli keys\n  statestore-cli keys 'sensors/*/temperature'")]
     Keys {
         #[arg(default_value = "*")]
         pattern: String,
     },
     /// Stream the changes of keys (KEYNOTIFY) until interrupted, with their versions.
+    #[command(
+        after_help = "Examples:\n  statestore-cli watch lamp door\n  statestore-cli --json watch lamp --count 1   # wait for one change"
+    )]
     Watch {
         #[arg(required = true, value_parser = clap::value_parser!(OsString))]
         keys: Vec<OsString>,
@@ -208,8 +222,12 @@ pub enum Command {
     },
     /// Take a lease lock, print its fencing token, renew it, release it on exit. With a command
     /// after `--`, hold the lock while the command runs (its exit code becomes ours).
+    #[command(
+        after_help = "Examples:\n  statestore-cli lock backup --ttl 10000 -- sh -c 'run-backup --token \"$STATESTORE_FENCING_TOKEN\"'\n  statestore-cli lock leader --no-wait || echo 'someone else leads'"
+    )]
     Lock(lock::LockArgs),
     /// A steady write load for drills: one line per completed write, `<sent ms> <done ms> ok|err`.
+    #[command(after_help = "Example:\n  statestore-cli load --writers 8 --duration 60 --out writes.log")]
     Load(load::LoadArgs),
     /// Cluster administration over the nodes' HTTP API.
     #[command(subcommand)]
