@@ -4,7 +4,8 @@
 # container), a key written through the published broker port reads back, every node reports
 # the same leader, the CLI works inside the containers, a membership change sent to any node
 # reaches the leader, and Prometheus scrapes all three nodes. Then it removes the project and its
-# volumes (KEEP=1 keeps them).
+# volumes (KEEP=1 keeps them). First, where no registry is reachable, it checks that the failed
+# build of a missing image tells the user about cluster/images.sh.
 #
 #   bash cluster/compose-check.sh
 #
@@ -41,6 +42,17 @@ cleanup() {
   exit "$status"
 }
 trap cleanup EXIT
+
+# Without a registry, the build that `up` starts for a missing image fails; its output names
+# cluster/images.sh (the hint in each Dockerfile). With a registry, the build succeeds.
+hint_tag="hint-check-$$"
+if built="$(STATESTORE_IMAGE_TAG="$hint_tag" compose build mosquitto 2>&1)"; then
+  docker rmi "${STATESTORE_IMAGE_REPOSITORY:-statestore}/mosquitto:$hint_tag" >/dev/null 2>&1 || true
+  echo "== a registry is reachable: images build from source"
+else
+  grep -q "bash cluster/images.sh" <<<"$built" || die "an offline build does not name cluster/images.sh: $built"
+  echo "== without a registry, building an image names cluster/images.sh"
+fi
 
 started=$(date +%s%3N)
 compose up -d

@@ -6,12 +6,9 @@
 //!
 //! # Layout
 //! - [`Client`]: connect, [`Client::request`], key notifications, disconnect.
-//! - [`tls`]: rustls configuration for the broker connection (shared with the node).
-//! - [`secret`]: the cluster secret that authenticates Raft RPC, membership changes and
-//!   `/v1/command` (shared with the node).
-
-pub mod secret;
-pub mod tls;
+//!
+//! TLS settings ([`TlsConfig`]) and the cluster secret come from `statestore-api`, which the node
+//! shares.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,7 +23,7 @@ use statestore_protocol::topic::{hex_upper, NOTIFICATION_PREFIX, REQUEST_TOPIC};
 use statestore_protocol::{property, Command, Hlc, Notification, Response, MAX_CLOCK_DRIFT_MS};
 use tokio::sync::{mpsc, oneshot, watch};
 
-pub use tls::TlsConfig;
+pub use statestore_api::tls::{self, TlsConfig};
 
 /// Where and how to connect.
 #[derive(Debug, Clone)]

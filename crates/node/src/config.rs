@@ -7,15 +7,18 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use statestore_raft::NodeId;
 
-/// Command-line flags; every one also reads an environment variable.
-#[derive(Debug, Default, Parser)]
+/// The node's settings, one field each: a flag, its environment variable, and the key of the same
+/// name in the TOML file of `--config` (without `config` and `restored`, which only flags give).
+#[derive(Debug, Default, Parser, Serialize, Deserialize)]
 #[command(name = "statestore", version, about = "A Raft-replicated MQTT5 state store node")]
+#[serde(deny_unknown_fields)]
 pub struct Args {
     /// A TOML file with any of the settings below (keys as the flags, with `_` for `-`).
     #[arg(long, env = "STATESTORE_CONFIG")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// This node's id: a positive integer, unique in the cluster, never reused.
     #[arg(long, env = "STATESTORE_ID")]
@@ -69,6 +72,7 @@ pub struct Args {
     /// new storage incarnation and let the restored cluster's first leader name it anew. Only
     /// for the first start after a restore. Default false.
     #[arg(long, env = "STATESTORE_RESTORED")]
+    #[serde(skip)]
     pub restored: bool,
     /// Lower bound of the randomized election timeout in milliseconds. Default 150.
     #[arg(long, env = "STATESTORE_ELECTION_MIN_MS")]
@@ -154,45 +158,25 @@ pub struct Args {
     pub authorization_file: Option<PathBuf>,
 }
 
-/// The same settings, read from the TOML file.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    id: Option<NodeId>,
-    listen: Option<SocketAddr>,
-    advertise: Option<String>,
-    data_dir: Option<PathBuf>,
-    initial_members: Option<String>,
-    peer_routes: Option<String>,
-    cluster_secret_file: Option<PathBuf>,
-    tls_cert: Option<PathBuf>,
-    tls_key: Option<PathBuf>,
-    tls_ca: Option<PathBuf>,
-    heartbeat_ms: Option<u64>,
-    max_clock_offset_ms: Option<u64>,
-    election_min_ms: Option<u64>,
-    election_max_ms: Option<u64>,
-    snapshot_every: Option<u64>,
-    snapshot_log_bytes: Option<u64>,
-    logs_kept: Option<u64>,
-    max_http_commands: Option<usize>,
-    log: Option<String>,
-    log_format: Option<String>,
-    broker: Option<String>,
-    broker_client_id_prefix: Option<String>,
-    broker_tls: Option<bool>,
-    broker_ca: Option<PathBuf>,
-    broker_cert: Option<PathBuf>,
-    broker_key: Option<PathBuf>,
-    broker_username: Option<String>,
-    broker_password: Option<String>,
-    broker_session_expiry_secs: Option<u32>,
-    broker_keep_alive_secs: Option<u64>,
-    broker_inflight: Option<u16>,
-    broker_client_inflight: Option<u16>,
-    broker_max_packet_size: Option<u32>,
-    broker_follower_qos: Option<u8>,
-    authorization_file: Option<PathBuf>,
+impl Args {
+    /// These settings, with each one they leave unset taken from `file`.
+    fn filled_from(self, file: Args) -> Args {
+        let (config, restored) = (self.config.clone(), self.restored);
+        // Both are the same plain struct of options: as JSON objects, a null is an unset setting.
+        let given = serde_json::to_value(self).expect("settings serialize");
+        let file = serde_json::to_value(file).expect("settings serialize");
+        let (serde_json::Value::Object(mut given), serde_json::Value::Object(file)) = (given, file) else {
+            unreachable!("settings serialize as a JSON object")
+        };
+        for (name, value) in file {
+            let slot = given.entry(name).or_insert(serde_json::Value::Null);
+            if slot.is_null() {
+                *slot = value;
+            }
+        }
+        let merged: Args = serde_json::from_value(serde_json::Value::Object(given)).expect("settings deserialize");
+        Args { config, restored, ..merged }
+    }
 }
 
 /// A complete, checked node configuration.
@@ -250,7 +234,7 @@ pub struct BrokerConfig {
     pub access: Option<KeyAccess>,
 }
 
-pub use statestore_client::secret::ClusterSecret;
+pub use statestore_api::secret::ClusterSecret;
 
 use crate::access::KeyAccess;
 
@@ -265,7 +249,7 @@ pub struct NodeTls {
 impl NodeTls {
     /// How this node connects to its peers: trusting only the CA, presenting its certificate.
     pub fn client_config(&self) -> anyhow::Result<rustls::ClientConfig> {
-        statestore_client::tls::client_config(&TlsConfig {
+        statestore_api::tls::client_config(&TlsConfig {
             ca: Some(self.ca.clone()),
             client_auth: Some((self.cert.clone(), self.key.clone())),
         })
@@ -279,7 +263,7 @@ impl NodeTls {
 pub const DEFAULT_MAX_CLOCK_OFFSET_MS: u64 = 1_000;
 
 /// TLS to the broker: the CA to trust (system roots when `None`) and an optional client identity.
-pub use statestore_client::tls::TlsConfig;
+pub use statestore_api::tls::TlsConfig;
 
 /// A configuration that cannot work.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -318,27 +302,27 @@ pub const DEFAULT_SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
 
 impl NodeConfig {
     pub fn from_args(args: Args) -> Result<NodeConfig, ConfigError> {
-        let file = match &args.config {
-            Some(path) => read_file(path)?,
-            None => FileConfig::default(),
+        let args = match args.config.clone() {
+            Some(path) => args.filled_from(read_file(&path)?),
+            None => args,
         };
-        let id = args.id.or(file.id).ok_or(ConfigError::MissingId)?;
+        let id = args.id.ok_or(ConfigError::MissingId)?;
         if id == 0 {
             return Err(ConfigError::ZeroId);
         }
-        let broker = broker_config(id, &args, &file)?;
-        let listen = args.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7400)));
-        let tls = node_tls(&args, &file)?;
+        let broker = broker_config(id, &args)?;
+        let listen = args.listen.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7400)));
+        let tls = node_tls(&args)?;
         let scheme = if tls.is_some() { NodeTls::SCHEME } else { "http://" };
-        let advertise = args.advertise.or(file.advertise).unwrap_or_else(|| format!("{scheme}{listen}"));
+        let advertise = args.advertise.unwrap_or_else(|| format!("{scheme}{listen}"));
         if !advertise.starts_with(scheme) || advertise.len() <= scheme.len() {
             return Err(ConfigError::Advertise { url: advertise, scheme });
         }
-        let initial_members = match args.initial_members.or(file.initial_members) {
+        let initial_members = match args.initial_members {
             Some(list) => parse_members(&list)?,
             None => BTreeMap::new(),
         };
-        let peer_routes = match args.peer_routes.or(file.peer_routes) {
+        let peer_routes = match args.peer_routes {
             Some(list) => parse_members(&list).map_err(|e| match e {
                 ConfigError::InitialMembers(detail) => ConfigError::PeerRoutes(detail),
                 other => other,
@@ -357,7 +341,7 @@ impl NodeConfig {
                 )));
             }
         }
-        let cluster_secret = match args.cluster_secret_file.or(file.cluster_secret_file) {
+        let cluster_secret = match args.cluster_secret_file {
             Some(path) => Some(ClusterSecret::from_file(&path).map_err(ConfigError::Secret)?),
             None => secret_from_env()?,
         };
@@ -365,27 +349,22 @@ impl NodeConfig {
             id,
             listen,
             advertise: advertise.trim_end_matches('/').to_string(),
-            data_dir: args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from(format!("data/node-{id}"))),
+            data_dir: args.data_dir.unwrap_or_else(|| PathBuf::from(format!("data/node-{id}"))),
             initial_members,
             peer_routes,
             cluster_secret,
             tls,
-            heartbeat: Duration::from_millis(args.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(50)),
+            heartbeat: Duration::from_millis(args.heartbeat_ms.unwrap_or(50)),
             restored: args.restored,
-            max_clock_offset: Duration::from_millis(
-                args.max_clock_offset_ms.or(file.max_clock_offset_ms).unwrap_or(DEFAULT_MAX_CLOCK_OFFSET_MS),
-            ),
-            election_min: Duration::from_millis(args.election_min_ms.or(file.election_min_ms).unwrap_or(150)),
-            election_max: Duration::from_millis(args.election_max_ms.or(file.election_max_ms).unwrap_or(300)),
-            snapshot_every: args.snapshot_every.or(file.snapshot_every).unwrap_or(10_000),
-            snapshot_log_bytes: args
-                .snapshot_log_bytes
-                .or(file.snapshot_log_bytes)
-                .unwrap_or(DEFAULT_SNAPSHOT_LOG_BYTES),
-            logs_kept: args.logs_kept.or(file.logs_kept).unwrap_or(1_000),
-            max_http_commands: args.max_http_commands.or(file.max_http_commands).unwrap_or(1024).max(1),
-            log: args.log.or(file.log).unwrap_or_else(|| DEFAULT_LOG_FILTER.to_string()),
-            log_json: match args.log_format.or(file.log_format).as_deref() {
+            max_clock_offset: Duration::from_millis(args.max_clock_offset_ms.unwrap_or(DEFAULT_MAX_CLOCK_OFFSET_MS)),
+            election_min: Duration::from_millis(args.election_min_ms.unwrap_or(150)),
+            election_max: Duration::from_millis(args.election_max_ms.unwrap_or(300)),
+            snapshot_every: args.snapshot_every.unwrap_or(10_000),
+            snapshot_log_bytes: args.snapshot_log_bytes.unwrap_or(DEFAULT_SNAPSHOT_LOG_BYTES),
+            logs_kept: args.logs_kept.unwrap_or(1_000),
+            max_http_commands: args.max_http_commands.unwrap_or(1024).max(1),
+            log: args.log.unwrap_or_else(|| DEFAULT_LOG_FILTER.to_string()),
+            log_json: match args.log_format.as_deref() {
                 None | Some("text") => false,
                 Some("json") => true,
                 Some(other) => return Err(ConfigError::LogFormat(other.to_string())),
@@ -418,10 +397,10 @@ impl NodeConfig {
 }
 
 /// TLS between nodes: all three files, or none.
-fn node_tls(args: &Args, file: &FileConfig) -> Result<Option<NodeTls>, ConfigError> {
-    let cert = args.tls_cert.clone().or(file.tls_cert.clone());
-    let key = args.tls_key.clone().or(file.tls_key.clone());
-    let ca = args.tls_ca.clone().or(file.tls_ca.clone());
+fn node_tls(args: &Args) -> Result<Option<NodeTls>, ConfigError> {
+    let cert = args.tls_cert.clone();
+    let key = args.tls_key.clone();
+    let ca = args.tls_ca.clone();
     let (cert, key, ca) = match (cert, key, ca) {
         (None, None, None) => return Ok(None),
         (Some(cert), Some(key), Some(ca)) => (cert, key, ca),
@@ -437,7 +416,7 @@ fn node_tls(args: &Args, file: &FileConfig) -> Result<Option<NodeTls>, ConfigErr
 
 /// The secret in `STATESTORE_CLUSTER_SECRET`, if set and not empty.
 fn secret_from_env() -> Result<Option<ClusterSecret>, ConfigError> {
-    use statestore_client::secret::SECRET_ENV;
+    use statestore_api::secret::SECRET_ENV;
     match std::env::var(SECRET_ENV).ok().filter(|text| !text.is_empty()) {
         Some(text) => {
             ClusterSecret::new(&text).map(Some).map_err(|e| ConfigError::Secret(format!("{SECRET_ENV}: {e}")))
@@ -447,10 +426,10 @@ fn secret_from_env() -> Result<Option<ClusterSecret>, ConfigError> {
 }
 
 /// The broker settings, or `None` when no broker is given.
-fn broker_config(id: NodeId, args: &Args, file: &FileConfig) -> Result<Option<BrokerConfig>, ConfigError> {
+fn broker_config(id: NodeId, args: &Args) -> Result<Option<BrokerConfig>, ConfigError> {
     let error = |detail: String| Err(ConfigError::Broker(detail));
-    let access_file = args.authorization_file.clone().or(file.authorization_file.clone());
-    let Some(address) = args.broker.clone().or(file.broker.clone()) else {
+    let access_file = args.authorization_file.clone();
+    let Some(address) = args.broker.clone() else {
         if access_file.is_some() {
             return Err(ConfigError::Authorization("it authorizes MQTT clients: it needs --broker".into()));
         }
@@ -470,47 +449,43 @@ fn broker_config(id: NodeId, args: &Args, file: &FileConfig) -> Result<Option<Br
     if host.is_empty() || port == 0 {
         return error(format!("{address:?} is not host:port"));
     }
-    let prefix = args
-        .broker_client_id_prefix
-        .clone()
-        .or(file.broker_client_id_prefix.clone())
-        .unwrap_or_else(|| "statestore".to_string());
-    let ca = args.broker_ca.clone().or(file.broker_ca.clone());
-    let cert = args.broker_cert.clone().or(file.broker_cert.clone());
-    let key = args.broker_key.clone().or(file.broker_key.clone());
+    let prefix = args.broker_client_id_prefix.clone().unwrap_or_else(|| "statestore".to_string());
+    let ca = args.broker_ca.clone();
+    let cert = args.broker_cert.clone();
+    let key = args.broker_key.clone();
     let client_auth = match (cert, key) {
         (Some(cert), Some(key)) => Some((cert, key)),
         (None, None) => None,
         _ => return error("--broker-cert and --broker-key go together".into()),
     };
-    let tls_on = args.broker_tls.or(file.broker_tls).unwrap_or(false) || ca.is_some() || client_auth.is_some();
+    let tls_on = args.broker_tls.unwrap_or(false) || ca.is_some() || client_auth.is_some();
     for path in ca.iter().chain(client_auth.iter().flat_map(|(c, k)| [c, k])) {
         if !path.is_file() {
             return error(format!("{} is not a readable file", path.display()));
         }
     }
-    let username = args.broker_username.clone().or(file.broker_username.clone());
-    let password = args.broker_password.clone().or(file.broker_password.clone());
+    let username = args.broker_username.clone();
+    let password = args.broker_password.clone();
     if password.is_some() && username.is_none() {
         return error("a password needs --broker-username".into());
     }
-    let inflight = args.broker_inflight.or(file.broker_inflight).unwrap_or(1000);
+    let inflight = args.broker_inflight.unwrap_or(1000);
     if inflight == 0 {
         return error("--broker-inflight must be positive".into());
     }
-    let client_inflight = args.broker_client_inflight.or(file.broker_client_inflight).unwrap_or(inflight.div_ceil(2));
+    let client_inflight = args.broker_client_inflight.unwrap_or(inflight.div_ceil(2));
     if client_inflight == 0 || client_inflight > inflight {
         return error(format!("--broker-client-inflight must be between 1 and --broker-inflight ({inflight})"));
     }
-    let max_packet_size = args.broker_max_packet_size.or(file.broker_max_packet_size).unwrap_or(16 << 20);
+    let max_packet_size = args.broker_max_packet_size.unwrap_or(16 << 20);
     if max_packet_size < 64 << 10 {
         return error("--broker-max-packet-size must be at least 65536".into());
     }
-    let follower_qos = args.broker_follower_qos.or(file.broker_follower_qos).unwrap_or(0);
+    let follower_qos = args.broker_follower_qos.unwrap_or(0);
     if follower_qos > 1 {
         return error(format!("--broker-follower-qos must be 0 or 1, not {follower_qos}"));
     }
-    let keep_alive = args.broker_keep_alive_secs.or(file.broker_keep_alive_secs).unwrap_or(10);
+    let keep_alive = args.broker_keep_alive_secs.unwrap_or(10);
     if keep_alive < 5 {
         return error("--broker-keep-alive-secs must be at least 5".into());
     }
@@ -521,9 +496,7 @@ fn broker_config(id: NodeId, args: &Args, file: &FileConfig) -> Result<Option<Br
         tls: tls_on.then_some(TlsConfig { ca, client_auth }),
         username,
         password,
-        session_expiry: Duration::from_secs(u64::from(
-            args.broker_session_expiry_secs.or(file.broker_session_expiry_secs).unwrap_or(300),
-        )),
+        session_expiry: Duration::from_secs(u64::from(args.broker_session_expiry_secs.unwrap_or(300))),
         keep_alive: Duration::from_secs(keep_alive),
         inflight,
         client_inflight,
@@ -533,7 +506,7 @@ fn broker_config(id: NodeId, args: &Args, file: &FileConfig) -> Result<Option<Br
     }))
 }
 
-fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+fn read_file(path: &Path) -> Result<Args, ConfigError> {
     let error = |detail: String| ConfigError::File { path: path.display().to_string(), detail };
     let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
     toml::from_str(&text).map_err(|e| error(e.message().to_string()))
@@ -708,10 +681,19 @@ mod tests {
         let config =
             NodeConfig::from_args(args(&["--config", path.to_str().unwrap(), "--listen", "127.0.0.1:9100"])).unwrap();
         assert_eq!((config.id, config.heartbeat, config.listen.port()), (3, Duration::from_millis(40), 9100));
-        std::fs::write(&path, "id = 3\nunknown = 1\n").unwrap();
-        assert!(matches!(
-            NodeConfig::from_args(args(&["--config", path.to_str().unwrap()])).unwrap_err(),
-            ConfigError::File { .. }
-        ));
+        std::fs::write(&path, "id = 3\nbroker = \"h:1\"\nbroker_inflight = 10\nmax_clock_offset_ms = 0\n").unwrap();
+        let config =
+            NodeConfig::from_args(args(&["--config", path.to_str().unwrap(), "--broker-inflight", "20", "--restored"]))
+                .unwrap();
+        let broker = config.broker.unwrap();
+        assert_eq!((broker.host.as_str(), broker.inflight, broker.client_inflight), ("h", 20, 10));
+        assert_eq!((config.max_clock_offset, config.restored), (Duration::ZERO, true));
+        // Unknown keys, and the settings only flags give, are refused with the file's name.
+        for wrong in ["id = 3\nunknown = 1\n", "id = 3\nrestored = true\n", "id = 3\nconfig = \"x.toml\"\n"] {
+            std::fs::write(&path, wrong).unwrap();
+            let error = NodeConfig::from_args(args(&["--config", path.to_str().unwrap()])).unwrap_err();
+            assert!(matches!(error, ConfigError::File { .. }), "{wrong:?}: {error:?}");
+            assert!(error.to_string().contains("node.toml"), "{error}");
+        }
     }
 }

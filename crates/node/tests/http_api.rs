@@ -55,8 +55,9 @@ async fn membership_requests_with_wrong_input_get_a_json_error() {
     assert_eq!(status["voters"], json!([{"id": 1, "address": cluster.url(1)}]));
 }
 
-/// A follower carries a membership change to the leader and returns its answer; a request it
-/// was forwarded already is answered 421 with the leader instead of going round.
+/// A follower carries a membership change (and a `/v1/command`) to the leader and returns its
+/// answer; a request it was forwarded already is answered 421 with the leader instead of going
+/// round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_forward_membership_changes_to_the_leader() {
     let cluster = Cluster::start(3, &[]).await;
@@ -66,6 +67,7 @@ async fn followers_forward_membership_changes_to_the_leader() {
     for (path, body) in [
         ("/cluster/members", format!(r#"{{"remove": [{other}]}}"#)),
         ("/cluster/learners", r#"{"id": 7, "address": "http://127.0.0.1:1"}"#.to_string()),
+        ("/v1/command", "*2\r\n$3\r\nGET\r\n$1\r\nk\r\n".to_string()),
     ] {
         let response = cluster
             .http

@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::broker::Broker;
 use common::Cluster;
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose};
-use statestore_client::tls::{client_config, TlsConfig};
+use statestore_api::tls::{client_config, TlsConfig};
 use statestore_client::{Client, ClientOptions};
 use statestore_protocol::{Command, Get, Response, Set, StoreError};
 

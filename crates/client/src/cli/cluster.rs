@@ -5,10 +5,13 @@
 use std::time::Duration;
 
 use clap::Subcommand;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::{json, Value};
+use statestore_api::body::{AddLearner, ClusterStatus, ErrorBody, LearnerAdded, MembershipChange};
+use statestore_api::{routes, TlsConfig};
 
 use super::{Outcome, Output};
-use statestore_client::tls::TlsConfig;
 
 #[derive(Debug, Subcommand)]
 pub enum ClusterCommand {
@@ -53,10 +56,29 @@ pub(super) struct Http {
     endpoints: Vec<String>,
 }
 
-/// An HTTP answer: status and JSON body (or the text when it is not JSON).
+/// An HTTP answer: its status and body.
 pub(super) struct Answer {
     pub status: u16,
-    pub body: Value,
+    text: String,
+}
+
+impl Answer {
+    /// The body as the API's type for it.
+    pub(super) fn body<T: DeserializeOwned>(&self) -> Result<T, String> {
+        serde_json::from_str(&self.text)
+            .map_err(|e| format!("an answer this CLI does not understand ({e}): {}", self.text))
+    }
+
+    /// An error answer's body, when it is one.
+    fn error_body(&self) -> Option<ErrorBody> {
+        serde_json::from_str(&self.text).ok()
+    }
+
+    /// What an error answer says: its status and message.
+    pub(super) fn error(&self) -> String {
+        let message = self.error_body().map_or_else(|| self.text.clone(), |body| body.message);
+        format!("HTTP {}: {message}", self.status)
+    }
 }
 
 /// What a request carries.
@@ -65,6 +87,12 @@ pub(super) enum Payload {
     None,
     Json(Value),
     Bytes(Vec<u8>),
+}
+
+impl Payload {
+    fn json(body: &impl Serialize) -> Payload {
+        Payload::Json(serde_json::to_value(body).expect("API bodies serialize"))
+    }
 }
 
 impl Http {
@@ -85,8 +113,7 @@ impl Http {
         let response = request.send().await.map_err(|e| format!("{url}: {}", error_chain(&e)))?;
         let status = response.status().as_u16();
         let text = response.text().await.map_err(|e| format!("{url}: {e}"))?;
-        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        Ok(Answer { status, body })
+        Ok(Answer { status, text })
     }
 
     /// `GET path` of the first endpoint that answers, as a response to read on.
@@ -117,14 +144,14 @@ impl Http {
     /// Sends a change to the leader (any node forwards it there), following one or two 421
     /// redirects of a node that could not.
     pub(super) async fn to_leader(&self, path: &str, body: Payload) -> Result<Answer, String> {
-        let (mut endpoint, _) = self.first("/health").await?;
+        let (mut endpoint, _) = self.first(routes::HEALTH).await?;
         for _ in 0..3 {
             let answer = self.call(&endpoint, reqwest::Method::POST, path, body.clone()).await?;
             if answer.status != 421 {
                 return Ok(answer);
             }
-            match answer.body.get("leader_address").and_then(Value::as_str) {
-                Some(leader) => endpoint = leader.to_string(),
+            match answer.error_body().and_then(|body| body.leader_address) {
+                Some(leader) => endpoint = leader,
                 None => return Err("no leader is known; try again after an election".into()),
             }
         }
@@ -140,11 +167,6 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-fn api_error(answer: &Answer) -> String {
-    let message = answer.body.get("message").and_then(Value::as_str).map(str::to_string);
-    format!("HTTP {}: {}", answer.status, message.unwrap_or_else(|| answer.body.to_string()))
 }
 
 /// Runs `command` against `endpoints`; `tls` is how https:// endpoints are reached.
@@ -169,11 +191,17 @@ pub async fn run(
         ClusterCommand::Members => members(out, &http).await,
         ClusterCommand::Ready => ready(out, &http).await,
         ClusterCommand::AddLearner { id, address, catch_up } => {
-            let body = json!({"id": id, "address": address, "timeout_ms": catch_up * 1000});
-            change(out, &http, "/cluster/learners", &body).await
+            let body = AddLearner { id, address, timeout_ms: Some(catch_up * 1000) };
+            add_learner(out, &http, &body).await
         }
-        ClusterCommand::Promote { ids } => change(out, &http, "/cluster/members", &json!({"promote": ids})).await,
-        ClusterCommand::Remove { ids } => change(out, &http, "/cluster/members", &json!({"remove": ids})).await,
+        ClusterCommand::Promote { ids } => {
+            change_members(out, &http, &MembershipChange { promote: ids.into_iter().collect(), ..Default::default() })
+                .await
+        }
+        ClusterCommand::Remove { ids } => {
+            change_members(out, &http, &MembershipChange { remove: ids.into_iter().collect(), ..Default::default() })
+                .await
+        }
     }
 }
 
@@ -204,7 +232,7 @@ impl Http {
             return Err(Setup::Usage(format!("{bad:?} is not an http:// or https:// URL")));
         }
         let mut headers = reqwest::header::HeaderMap::new();
-        match statestore_client::secret::ClusterSecret::from_env() {
+        match statestore_api::secret::ClusterSecret::from_env() {
             Ok(Some(secret)) => match reqwest::header::HeaderValue::from_str(&secret.authorization()) {
                 Ok(mut value) => {
                     value.set_sensitive(true);
@@ -218,7 +246,7 @@ impl Http {
         let mut builder =
             reqwest::Client::builder().default_headers(headers).timeout(wait).connect_timeout(Duration::from_secs(3));
         if endpoints.iter().any(|e| e.starts_with("https://")) {
-            match statestore_client::tls::client_config(tls) {
+            match statestore_api::tls::client_config(tls) {
                 Ok(config) => builder = builder.use_preconfigured_tls(config),
                 Err(e) => return Err(Setup::Usage(format!("TLS to the endpoints: {e:#}"))),
             }
@@ -228,27 +256,43 @@ impl Http {
     }
 }
 
-fn u64_field(view: &Value, name: &str) -> u64 {
-    view.get(name).and_then(Value::as_u64).unwrap_or(0)
+/// One endpoint's row of `cluster status`.
+#[derive(Serialize)]
+struct StatusRow {
+    endpoint: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<ClusterStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ready: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    not_ready_reason: Option<String>,
 }
 
 async fn status(out: &Output, http: &Http) -> Outcome {
     let mut rows = Vec::new();
-    let mut reachable = 0;
     for endpoint in &http.endpoints {
-        let view = http.call(endpoint, reqwest::Method::GET, "/cluster", Payload::None).await;
-        let ready = http.call(endpoint, reqwest::Method::GET, "/ready", Payload::None).await;
-        let row = match (view, ready) {
-            (Err(e), _) | (Ok(_), Err(e)) => json!({"endpoint": endpoint, "error": e}),
-            (Ok(view), Ok(_)) if view.status != 200 => json!({"endpoint": endpoint, "error": api_error(&view)}),
-            (Ok(view), Ok(ready)) => {
-                reachable += 1;
-                let reason = (ready.status != 200).then(|| ready.body.get("message").cloned().unwrap_or(Value::Null));
-                json!({"endpoint": endpoint, "status": view.body, "ready": ready.status == 200, "not_ready_reason": reason})
-            }
-        };
+        let view = http.call(endpoint, reqwest::Method::GET, routes::CLUSTER, Payload::None).await;
+        let ready = http.call(endpoint, reqwest::Method::GET, routes::READY, Payload::None).await;
+        let mut row =
+            StatusRow { endpoint: endpoint.clone(), error: None, status: None, ready: None, not_ready_reason: None };
+        match (view, ready) {
+            (Err(e), _) | (Ok(_), Err(e)) => row.error = Some(e),
+            (Ok(view), Ok(_)) if view.status != 200 => row.error = Some(view.error()),
+            (Ok(view), Ok(ready)) => match view.body::<ClusterStatus>() {
+                Err(e) => row.error = Some(e),
+                Ok(status) => {
+                    row.status = Some(status);
+                    row.ready = Some(ready.status == 200);
+                    row.not_ready_reason = (ready.status != 200)
+                        .then(|| ready.error_body().map_or_else(|| ready.text.clone(), |body| body.message));
+                }
+            },
+        }
         rows.push(row);
     }
+    let reachable = rows.iter().filter(|row| row.status.is_some()).count();
     out.print(
         || {
             let mut text = format!(
@@ -256,26 +300,24 @@ async fn status(out: &Output, http: &Http) -> Outcome {
                 "ENDPOINT", "ID", "ROLE", "TERM", "LEADER", "LAST LOG", "COMMITTED", "APPLIED"
             );
             for row in &rows {
-                let endpoint = row["endpoint"].as_str().unwrap_or("");
-                if let Some(error) = row.get("error") {
-                    text.push_str(&format!("\n{endpoint:<28} unreachable: {}", error.as_str().unwrap_or("")));
+                let endpoint = &row.endpoint;
+                let Some(view) = &row.status else {
+                    text.push_str(&format!("\n{endpoint:<28} unreachable: {}", row.error.as_deref().unwrap_or("")));
                     continue;
-                }
-                let view = &row["status"];
-                let leader = view.get("leader").and_then(|l| l.get("id")).and_then(Value::as_u64);
-                let ready = match row["not_ready_reason"].as_str() {
+                };
+                let ready = match &row.not_ready_reason {
                     None => "yes".to_string(),
                     Some(reason) => format!("no: {reason}"),
                 };
                 text.push_str(&format!(
                     "\n{endpoint:<28} {:>4} {:<10} {:>6} {:>7} {:>10} {:>10} {:>10}  {ready}",
-                    u64_field(view, "id"),
-                    view.get("role").and_then(Value::as_str).unwrap_or("?"),
-                    u64_field(view, "term"),
-                    leader.map_or("-".to_string(), |l| l.to_string()),
-                    u64_field(view, "last_log_index"),
-                    u64_field(view, "committed_index"),
-                    u64_field(view, "applied_index"),
+                    view.id,
+                    view.role,
+                    view.term,
+                    view.leader.as_ref().map_or("-".to_string(), |l| l.id.to_string()),
+                    view.last_log_index,
+                    view.committed_index,
+                    view.applied_index,
                 ));
             }
             text
@@ -292,31 +334,30 @@ async fn status(out: &Output, http: &Http) -> Outcome {
 }
 
 async fn members(out: &Output, http: &Http) -> Outcome {
-    let (_, answer) = match http.first("/cluster").await {
+    let (_, answer) = match http.first(routes::CLUSTER).await {
         Ok(found) => found,
         Err(e) => return out.error(&e),
     };
     if answer.status != 200 {
-        return out.error(&api_error(&answer));
+        return out.error(&answer.error());
     }
-    let view = answer.body;
-    let leader = view.get("leader").and_then(|l| l.get("id")).and_then(Value::as_u64);
-    let list = |name: &str| view.get(name).and_then(Value::as_array).cloned().unwrap_or_default();
-    let (voters, learners) = (list("voters"), list("learners"));
+    let view: ClusterStatus = match answer.body() {
+        Ok(view) => view,
+        Err(e) => return out.error(&e),
+    };
+    let leader = view.leader.as_ref().map(|l| l.id);
     out.print(
         || {
             let mut text = format!("{:>4}  {:<8}  ADDRESS", "ID", "ROLE");
-            for (kind, members) in [("voter", &voters), ("learner", &learners)] {
+            for (kind, members) in [("voter", &view.voters), ("learner", &view.learners)] {
                 for member in members {
-                    let id = u64_field(member, "id");
-                    let role = if Some(id) == leader { "leader" } else { kind };
-                    let address = member.get("address").and_then(Value::as_str).unwrap_or("");
-                    text.push_str(&format!("\n{id:>4}  {role:<8}  {address}"));
+                    let role = if Some(member.id) == leader { "leader" } else { kind };
+                    text.push_str(&format!("\n{:>4}  {role:<8}  {}", member.id, member.address));
                 }
             }
             text
         },
-        || json!({"result": "ok", "leader": leader, "voters": voters, "learners": learners, "term": view.get("term")}),
+        || json!({"result": "ok", "leader": leader, "voters": view.voters, "learners": view.learners, "term": view.term}),
     );
     Outcome::Done
 }
@@ -325,9 +366,9 @@ async fn ready(out: &Output, http: &Http) -> Outcome {
     let mut all_ready = true;
     let mut rows = Vec::new();
     for endpoint in &http.endpoints {
-        let (ready, reason) = match http.call(endpoint, reqwest::Method::GET, "/ready", Payload::None).await {
+        let (ready, reason) = match http.call(endpoint, reqwest::Method::GET, routes::READY, Payload::None).await {
             Ok(answer) if answer.status == 200 => (true, None),
-            Ok(answer) => (false, Some(api_error(&answer))),
+            Ok(answer) => (false, Some(answer.error())),
             Err(e) => (false, Some(e)),
         };
         all_ready &= ready;
@@ -352,17 +393,38 @@ async fn ready(out: &Output, http: &Http) -> Outcome {
     }
 }
 
-async fn change(out: &Output, http: &Http, path: &str, body: &Value) -> Outcome {
-    let answer = match http.to_leader(path, Payload::Json(body.clone())).await {
+async fn add_learner(out: &Output, http: &Http, request: &AddLearner) -> Outcome {
+    let answer = match http.to_leader(routes::LEARNERS, Payload::json(request)).await {
         Ok(answer) => answer,
         Err(e) => return out.error(&e),
     };
-    match answer.status {
-        200 => {
-            out.print(|| "done".to_string(), || json!({"result": "ok", "answer": answer.body}));
+    if answer.status != 200 && answer.status != 202 {
+        return out.error(&answer.error());
+    }
+    let added: LearnerAdded = match answer.body() {
+        Ok(added) => added,
+        Err(e) => return out.error(&e),
+    };
+    if !added.caught_up {
+        return out.not_applied("the learner was added but has not caught up yet; it keeps catching up");
+    }
+    out.print(|| "done".to_string(), || json!({"result": "ok", "answer": added}));
+    Outcome::Done
+}
+
+async fn change_members(out: &Output, http: &Http, request: &MembershipChange) -> Outcome {
+    let answer = match http.to_leader(routes::MEMBERS, Payload::json(request)).await {
+        Ok(answer) => answer,
+        Err(e) => return out.error(&e),
+    };
+    if answer.status != 200 {
+        return out.error(&answer.error());
+    }
+    match answer.body::<ClusterStatus>() {
+        Ok(status) => {
+            out.print(|| "done".to_string(), || json!({"result": "ok", "answer": status}));
             Outcome::Done
         }
-        202 => out.not_applied("the learner was added but has not caught up yet; it keeps catching up"),
-        _ => out.error(&api_error(&answer)),
+        Err(e) => out.error(&e),
     }
 }

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use clap::Subcommand;
 use serde_json::json;
-use statestore_client::tls::TlsConfig;
+use statestore_api::body::{ErrorBody, Restored};
+use statestore_api::{routes, TlsConfig};
 use statestore_protocol::backup::{BackupEnd, BackupReader, Frame};
 
 use super::cluster::{Http, Payload};
@@ -48,14 +49,11 @@ pub async fn run(out: &Output, endpoints: &[String], tls: &TlsConfig, command: S
 async fn save(out: &Output, http: &Http, file: &Path) -> Outcome {
     let partial = file.with_extension("partial");
     let received = async {
-        let mut response = http.first_response("/cluster/backup").await?;
+        let mut response = http.first_response(routes::BACKUP).await?;
         if !response.status().is_success() {
             let status = response.status().as_u16();
             let text = response.text().await.unwrap_or_default();
-            let message = serde_json::from_str::<serde_json::Value>(&text)
-                .ok()
-                .and_then(|body| body.get("message").and_then(|m| m.as_str()).map(str::to_string))
-                .unwrap_or(text);
+            let message = serde_json::from_str::<ErrorBody>(&text).map_or(text, |body| body.message);
             return Err(format!("HTTP {status}: {message}"));
         }
         let mut writer =
@@ -122,17 +120,12 @@ async fn restore(out: &Output, http: &Http, file: &Path) -> Outcome {
                 chunk.extend_from_slice(&bytes);
             }
             if chunk.len() >= RESTORE_CHUNK || (last && (!chunk.is_empty() || first)) {
-                let path = format!("/cluster/restore?first={first}");
+                let path = format!("{}?first={first}", routes::RESTORE);
                 let answer = http.to_leader(&path, Payload::Bytes(std::mem::take(&mut chunk))).await?;
                 if answer.status != 200 {
-                    let message = answer.body.get("message").and_then(|m| m.as_str()).map(str::to_string);
-                    return Err(format!(
-                        "HTTP {}: {}",
-                        answer.status,
-                        message.unwrap_or_else(|| answer.body.to_string())
-                    ));
+                    return Err(answer.error());
                 }
-                restored += answer.body.get("restored").and_then(|n| n.as_u64()).unwrap_or(0);
+                restored += answer.body::<Restored>()?.restored;
                 first = false;
             }
             if last {

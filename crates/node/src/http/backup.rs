@@ -17,6 +17,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
+use statestore_api::body::Restored;
 use statestore_protocol::backup::decode_keys;
 use statestore_protocol::{Response as Reply, StoreError};
 use statestore_statemachine::{Entry, Operation};
@@ -96,7 +97,7 @@ pub async fn restore(
         return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage", "a write answered as a read"));
     };
     match applied.reply.response {
-        Reply::Int(restored) => Ok(Json(serde_json::json!({ "restored": restored })).into_response()),
+        Reply::Int(restored) => Ok(Json(Restored { restored: u64::try_from(restored).unwrap_or(0) }).into_response()),
         Reply::Error(StoreError::Unknown(message)) => Err(ApiError::new(StatusCode::CONFLICT, "not_empty", message)),
         other => Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -1,6 +1,6 @@
 //! The cluster API: status, adding learners, changing voters; health, readiness and metrics.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use axum::Json;
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use statestore_api::body::{AddLearner, LearnerAdded, MembershipChange, SnapshotRequested, Up};
 use statestore_raft::types::RaftMetrics;
 use statestore_raft::NodeId;
 use statestore_statemachine::{Entry, Operation};
@@ -29,34 +29,7 @@ const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a learner being promoted may take to reach the leader's committed index.
 const PROMOTE_CATCH_UP: Duration = Duration::from_secs(3);
 
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq, Clone)]
-pub struct Member {
-    pub id: NodeId,
-    pub address: String,
-}
-
-/// `GET /cluster`: this node's view of the cluster.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct ClusterStatus {
-    pub id: NodeId,
-    /// `leader`, `follower`, `candidate` or `learner`.
-    pub role: String,
-    pub term: u64,
-    pub leader: Option<Member>,
-    pub voters: Vec<Member>,
-    pub learners: Vec<Member>,
-    pub last_log_index: u64,
-    pub committed_index: u64,
-    pub applied_index: u64,
-    pub snapshot_index: u64,
-    pub purged_index: u64,
-    /// The cluster's name, once its first leader gave it one.
-    pub cluster_id: Option<String>,
-    /// The random id this node's data directory got when it was created.
-    pub incarnation: String,
-    /// The storage incarnation enrolled for each member.
-    pub enrolled: BTreeMap<NodeId, String>,
-}
+pub use statestore_api::body::{ClusterStatus, Member};
 
 fn members(metrics: &RaftMetrics, ids: impl Iterator<Item = NodeId>) -> Vec<Member> {
     let membership = metrics.membership_config.membership();
@@ -129,23 +102,6 @@ fn require_leader(metrics: &RaftMetrics) -> Result<(), ApiError> {
     Err(ExecuteError::ForwardToLeader { leader_id: metrics.current_leader, leader_address }.into())
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AddLearner {
-    id: NodeId,
-    address: String,
-    /// How long to wait for the learner to catch up; default 30 s.
-    timeout_ms: Option<u64>,
-}
-
-#[derive(Debug, Serialize)]
-struct LearnerAdded {
-    id: NodeId,
-    address: String,
-    /// The learner has the leader's log up to the index it had when it was added.
-    caught_up: bool,
-}
-
 /// `POST /cluster/learners {"id": 4, "address": "http://..."}`: adds a non-voting member and
 /// waits until it has caught up (200) or the timeout passes (202, still catching up).
 pub async fn add_learner(State(node): State<Arc<Node>>, body: Bytes) -> Result<Response, ApiError> {
@@ -196,7 +152,8 @@ pub async fn add_learner(State(node): State<Arc<Node>>, body: Bytes) -> Result<R
 async fn enroll_anew(node: &Node, id: NodeId, address: &str) -> Result<(), ApiError> {
     let incarnation = async {
         let client = node.http_client(Duration::from_secs(2)).ok()?;
-        let status: ClusterStatus = client.get(format!("{address}/cluster")).send().await.ok()?.json().await.ok()?;
+        let status: ClusterStatus =
+            client.get(format!("{address}{}", statestore_api::routes::CLUSTER)).send().await.ok()?.json().await.ok()?;
         (status.id == id).then_some(status.incarnation)
     }
     .await;
@@ -205,21 +162,10 @@ async fn enroll_anew(node: &Node, id: NodeId, address: &str) -> Result<(), ApiEr
     Ok(())
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ChangeMembersRequest {
-    /// Learners to make voters.
-    #[serde(default)]
-    promote: BTreeSet<NodeId>,
-    /// Voters or learners to remove from the cluster.
-    #[serde(default)]
-    remove: BTreeSet<NodeId>,
-}
-
 /// `POST /cluster/members {"promote": [4], "remove": [2]}`: changes the voters (joint consensus)
 /// and removes nodes. Answers with the resulting status.
 pub async fn change_members(State(node): State<Arc<Node>>, body: Bytes) -> Result<Json<ClusterStatus>, ApiError> {
-    let request: ChangeMembersRequest = json_body(&body)?;
+    let request: MembershipChange = json_body(&body)?;
     if request.promote.is_empty() && request.remove.is_empty() {
         return Err(ApiError::bad_request("nothing to change: give `promote` and/or `remove`"));
     }
@@ -327,7 +273,7 @@ async fn applies_up_to(node: &Node, index: u64, deadline: Duration) -> bool {
 pub async fn health(State(node): State<Arc<Node>>) -> Response {
     let running = node.raft.metrics().borrow().running_state.is_ok();
     if running {
-        (StatusCode::OK, Json(serde_json::json!({"status": "ok"}))).into_response()
+        (StatusCode::OK, Json(Up { status: "ok".into() })).into_response()
     } else {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "stopped", "raft has stopped").into_response()
     }
@@ -367,7 +313,7 @@ pub async fn ready(State(node): State<Arc<Node>>) -> Response {
         None
     };
     match reason {
-        None => (StatusCode::OK, Json(serde_json::json!({"status": "ready"}))).into_response(),
+        None => (StatusCode::OK, Json(Up { status: "ready".into() })).into_response(),
         Some(reason) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", reason).into_response(),
     }
 }
@@ -411,11 +357,8 @@ pub async fn snapshot(State(node): State<Arc<Node>>) -> Response {
     match node.request_snapshot().await {
         Ok(applied) => {
             let status = cluster_status(&node);
-            let body = serde_json::json!({
-                "requested": true,
-                "applied_index": applied,
-                "snapshot_index": status.snapshot_index,
-            });
+            let body =
+                SnapshotRequested { requested: true, applied_index: applied, snapshot_index: status.snapshot_index };
             (StatusCode::ACCEPTED, Json(body)).into_response()
         }
         Err(e) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", format!("raft has stopped: {e}"))

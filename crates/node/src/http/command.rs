@@ -7,9 +7,12 @@
 //! - `?consistency=local`: answer GET/SCAN from this node's applied state without asking the
 //!   leader (may be stale); the default is linearizable, on the leader only.
 //!
-//! The answer is 200 with the reply as the body and its version in `statestore-ts`, or a JSON
-//! error: 421 with the leader's address on a follower, 503 when no quorum answers in time, 503
-//! `too_many_commands` when `--max-http-commands` requests are being served already.
+//! A follower carries the request to its leader and returns the leader's answer
+//! ([`super::forward`]), except a `consistency=local` read. The answer is 200 with the reply as
+//! the body and its version in `statestore-ts`, or a JSON error: 421 with the leader's address
+//! where no leader is known or reachable by forwarding, 502 when the leader did not answer the
+//! forwarded request, 503 when no quorum answers in time, 503 `too_many_commands` when
+//! `--max-http-commands` requests are being served already.
 
 use std::sync::Arc;
 
@@ -24,9 +27,22 @@ use statestore_statemachine::{ClientRequest, Reply};
 use super::ApiError;
 use crate::node::{Node, ReadConsistency};
 
-pub const TIMESTAMP_HEADER: &str = "statestore-ts";
-pub const FENCING_TOKEN_HEADER: &str = "statestore-ft";
-pub const CLIENT_ID_HEADER: &str = "statestore-client-id";
+pub use statestore_api::routes::{CLIENT_ID_HEADER, FENCING_TOKEN_HEADER, LOCAL_CONSISTENCY_QUERY, TIMESTAMP_HEADER};
+/// Takes one of the node's `--max-http-commands` slots, held while the request is served here or
+/// forwarded to the leader. Not queued: a caller past the limit is told at once, and may retry.
+pub fn take_slot(node: &Node) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    node.http_commands.clone().try_acquire_owned().map_err(|_| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_commands",
+            format!(
+                "{} /v1/command requests are being served already, the most this node serves at once \
+                 (--max-http-commands); retry later",
+                node.max_http_commands
+            ),
+        )
+    })
+}
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -48,18 +64,6 @@ pub async fn execute(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    // Not queued: a caller past the limit is told at once, and may retry.
-    let Ok(_permit) = node.http_commands.clone().try_acquire_owned() else {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too_many_commands",
-            format!(
-                "{} /v1/command requests are being served already, the most this node serves at once \
-                 (--max-http-commands); retry later",
-                node.max_http_commands
-            ),
-        ));
-    };
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let consistency = match query.consistency.as_deref() {
         None | Some("linearizable") => ReadConsistency::Linearizable,

@@ -6,7 +6,7 @@
 //! | `POST /raft/append`, `/raft/vote`, `/raft/snapshot`, `/raft/prevote` | Raft RPC, bincode bodies ([`raft_rpc`]) |
 //! | `GET /cluster`, `POST /cluster/learners`, `POST /cluster/members` | membership, JSON ([`cluster`]); a follower forwards changes to the leader ([`forward`]) |
 //! | `GET /health`, `GET /ready`, `GET /metrics` | liveness, readiness, Prometheus ([`cluster`]) |
-//! | `POST /v1/command` | execute one RESP3 request ([`command`]) |
+//! | `POST /v1/command` | execute one RESP3 request ([`command`]); a follower forwards it to the leader ([`forward`]) |
 //! | `GET /cluster/backup`, `POST /cluster/restore` | online backup of the keys, and restoring one into a new cluster ([`backup`]) |
 //!
 //! With a cluster secret configured, Raft RPC, the `POST /cluster/...` routes and `/v1/command`
@@ -29,14 +29,15 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Serialize;
+use statestore_api::body::ErrorBody;
+use statestore_api::routes;
 
 use crate::node::{ExecuteError, Node};
 
 /// Raft RPC bodies: an append of 64 entries of 1 MiB values, or a snapshot chunk, fits.
 const RAFT_BODY_LIMIT: usize = 128 << 20;
 /// A RESP3 request of `/v1/command`.
-const COMMAND_BODY_LIMIT: usize = 16 << 20;
+pub(crate) const COMMAND_BODY_LIMIT: usize = 16 << 20;
 
 /// The node's routes. With `client_certificates`, the guarded ones need a verified client
 /// certificate (the server must then be served with [`tls::ClientCertificate`] connect info).
@@ -49,24 +50,26 @@ pub fn router(node: Arc<Node>, client_certificates: bool) -> Router {
         .route(statestore_raft::election::PREVOTE_PATH, post(raft_rpc::prevote))
         .layer(DefaultBodyLimit::max(RAFT_BODY_LIMIT))
         .route_layer(middleware::from_fn_with_state(node.clone(), raft_rpc::check_peer));
-    let command =
-        Router::new().route("/v1/command", post(command::execute)).layer(DefaultBodyLimit::max(COMMAND_BODY_LIMIT));
+    let command = Router::new()
+        .route(routes::COMMAND, post(command::execute))
+        .layer(DefaultBodyLimit::max(COMMAND_BODY_LIMIT))
+        .route_layer(middleware::from_fn_with_state(node.clone(), forward::command_to_leader));
     let membership = Router::new()
-        .route("/cluster/learners", post(cluster::add_learner))
-        .route("/cluster/members", post(cluster::change_members))
-        .route("/cluster/backup", get(backup::save))
-        .route("/cluster/restore", post(backup::restore).layer(DefaultBodyLimit::max(backup::RESTORE_BODY_LIMIT)))
+        .route(routes::LEARNERS, post(cluster::add_learner))
+        .route(routes::MEMBERS, post(cluster::change_members))
+        .route(routes::BACKUP, get(backup::save))
+        .route(routes::RESTORE, post(backup::restore).layer(DefaultBodyLimit::max(backup::RESTORE_BODY_LIMIT)))
         .route_layer(middleware::from_fn_with_state(node.clone(), forward::to_leader))
-        .route("/cluster/snapshot", post(cluster::snapshot));
+        .route(routes::SNAPSHOT, post(cluster::snapshot));
     let mut guarded = raft.merge(command).merge(membership).route_layer(authenticated);
     if client_certificates {
         guarded = guarded.route_layer(middleware::from_fn(tls::require_client_certificate));
     }
     Router::new()
-        .route("/cluster", get(cluster::status))
-        .route("/health", get(cluster::health))
-        .route("/ready", get(cluster::ready))
-        .route("/metrics", get(cluster::metrics))
+        .route(routes::CLUSTER, get(cluster::status))
+        .route(routes::HEALTH, get(cluster::health))
+        .route(routes::READY, get(cluster::ready))
+        .route(routes::METRICS, get(cluster::metrics))
         .merge(guarded)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .with_state(node)
@@ -90,16 +93,14 @@ async fn require_secret(State(node): State<Arc<Node>>, request: Request, next: N
     next.run(request).await
 }
 
-/// A JSON error answer: `{"code": "...", "message": "...", "leader_id": ..., "leader_address": ...}`.
-#[derive(Debug, Serialize)]
+/// An error answer: its status, and its body as [`ErrorBody`] (`{"code": "...", "message": "...",
+/// "leader_id": ..., "leader_address": ...}`).
+#[derive(Debug)]
 pub struct ApiError {
-    #[serde(skip)]
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub leader_id: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub leader_address: Option<String>,
 }
 
@@ -133,6 +134,12 @@ impl From<ExecuteError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(&self)).into_response()
+        let body = ErrorBody {
+            code: self.code.to_string(),
+            message: self.message,
+            leader_id: self.leader_id,
+            leader_address: self.leader_address,
+        };
+        (self.status, Json(body)).into_response()
     }
 }

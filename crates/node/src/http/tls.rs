@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use statestore_client::tls::{read_certs, read_private_key};
+use statestore_api::tls::{read_certs, read_private_key};
 
 use super::ApiError;
 use crate::config::NodeTls;

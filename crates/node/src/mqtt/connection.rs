@@ -183,7 +183,7 @@ fn mqtt_options(config: &BrokerConfig) -> anyhow::Result<MqttOptions> {
     }
     if let Some(tls) = &config.tls {
         options.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(Arc::new(
-            statestore_client::tls::client_config(tls)?,
+            statestore_api::tls::client_config(tls)?,
         ))));
     }
     Ok(options)

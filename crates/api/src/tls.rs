@@ -1,5 +1,5 @@
 //! TLS clients with rustls (ring), to the broker or to the nodes' HTTPS port: the CA file's
-//! certificates or the system roots, and an optional client certificate for mutual TLS. Shared
+//! certificates or the system roots, and an optional client certificate for mutual TLS. Used
 //! by the node and the CLI.
 
 use std::fs::File;
