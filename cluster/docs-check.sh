@@ -114,6 +114,12 @@ exec "$real_docker" "\$@"
 EOF
   chmod +x "$scratch/bin/docker"
 fi
+# README.md installs paho-mqtt with apt-get: where another python3 comes first on PATH (pyenv,
+# a virtualenv) and lacks it, the system's python3 runs the example.
+if ! python3 -c 'import paho.mqtt.client' 2>/dev/null && /usr/bin/python3 -c 'import paho.mqtt.client' 2>/dev/null; then
+  echo "== python3 on PATH lacks paho-mqtt; /usr/bin/python3, where apt-get installed it, stands in"
+  ln -s /usr/bin/python3 "$scratch/bin/python3"
+fi
 export PATH="$scratch/bin:$CARGO_INSTALL_ROOT/bin:$PATH:$CARGO_TARGET_DIR/release"
 
 background=()
@@ -231,6 +237,8 @@ while read -r block; do run_block "$block"; done < <(blocks_of local-members)
 members="$(statestore-cli --endpoint http://127.0.0.1:7401 --json cluster members)"
 voters="$(python3 -c 'import json, sys; print(*sorted(v["id"] for v in json.load(sys.stdin)["voters"]))' <<<"$members")"
 [[ "$voters" == "1 3 4" ]] || die "after the membership example the voters are not 1, 3, 4: $members"
+statestore-cli --timeout 10 set docs-check/after-membership served >/dev/null \
+  || die "the cluster of voters 1, 3, 4 did not serve a write within 10 s"
 echo "\$ ./cluster/local.sh down"
 (cd "$work" && ./cluster/local.sh down)
 

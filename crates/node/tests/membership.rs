@@ -259,3 +259,54 @@ async fn a_wiped_node_reusing_its_id_is_refused_until_added_back_as_a_learner() 
     assert_local_state(&cluster, wiped, &written).await;
     cluster.wait_ready().await;
 }
+
+/// A leader that removes itself and keeps running (as an operator retires a node: remove, then
+/// stop it) hands over: the remaining voters (a newly promoted one among them) elect a leader
+/// among themselves within a few election timeouts and serve writes, while the removed node is
+/// still up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_removes_itself_and_keeps_running_hands_over() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let old = cluster.wait_leader().await;
+    // As docs/operations.md does it: grow to four voters first, then retire the leader.
+    cluster.start_new_node(4);
+    for (path, body) in [
+        ("/cluster/learners", serde_json::json!({"id": 4, "address": cluster.url(4)})),
+        ("/cluster/members", serde_json::json!({"promote": [4]})),
+    ] {
+        let answer = cluster.http.post(format!("{}{path}", cluster.url(old))).json(&body).send().await.unwrap();
+        assert_eq!(answer.status(), 200, "{path}: {}", answer.text().await.unwrap());
+    }
+    let rest: Vec<u64> = cluster.running().into_iter().filter(|id| *id != old).collect();
+    let removed = cluster
+        .http
+        .post(format!("{}/cluster/members", cluster.url(old)))
+        .json(&serde_json::json!({"remove": [old]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 200, "{}", removed.text().await.unwrap());
+    let removed_at = Instant::now();
+    let until = removed_at + Duration::from_secs(5);
+    let new = 'elected: loop {
+        for id in &rest {
+            let status = cluster.status(*id).await.unwrap();
+            if status["role"] == "leader" {
+                break 'elected *id;
+            }
+        }
+        assert!(
+            Instant::now() < until,
+            "5 s after node {old} removed itself, neither of {rest:?} leads\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let elected_after = removed_at.elapsed();
+    let answer = cluster.set(new, "after-removal", "v").await.expect("the new leader serves writes");
+    assert_eq!(answer.response, Response::Ok);
+    let status = cluster.status(new).await.unwrap();
+    let voters: Vec<u64> = status["voters"].as_array().unwrap().iter().map(|m| m["id"].as_u64().unwrap()).collect();
+    assert_eq!(voters, rest, "{status}");
+    eprintln!("a new leader {elected_after:?} after the old one removed itself");
+}
