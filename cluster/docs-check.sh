@@ -52,6 +52,20 @@ docs/testing.md|cargo install cargo-fuzz --locked|skip|ten minutes of fuzzing by
 EOF
 )"
 
+# ---- every file the docs link to exists ------------------------------------------------------------
+for doc in README.md cluster/README.md docs/*.md; do
+  while read -r target; do
+    path="$(dirname "$doc")/${target%%#*}"
+    [[ -z "${target%%#*}" || -e "$path" ]] || die "$doc links to $target, which does not exist"
+  done < <(grep -oE '\]\([^)[:space:]]+\)' "$doc" | sed -E 's/^\]\((.*)\)$/\1/' | grep -vE '^(https?|mailto):' || true)
+done
+# Files named in the text (a path from the repository root with an extension) exist too.
+while read -r cited; do
+  [[ -e "$cited" ]] || die "the docs name $cited, which does not exist"
+done < <(cat README.md cluster/README.md docs/*.md \
+  | grep -oE '(crates|cluster|docs|benches)/[A-Za-z0-9_./-]+\.(rs|sh|md|yml|yaml|toml|py|json|conf|txt)' | sort -u)
+echo "== every file README.md, cluster/README.md and docs/ link to or name exists"
+
 # ---- extract every fenced shell block ---------------------------------------------------------
 mkdir -p "$scratch/blocks"
 docs=(README.md cluster/README.md docs/*.md)
