@@ -81,7 +81,7 @@ async fn save(out: &Output, http: &Http, file: &Path) -> Outcome {
         return out.error(&format!("renaming {} to {}: {e}", partial.display(), file.display()));
     }
     out.print(
-        || format!("saved {} keys (log index {}) to {}, {bytes} bytes", end.keys, end.applied_index, file.display()),
+        || format!("saved {} (log index {}) to {}, {bytes} bytes", keys(end.keys), end.applied_index, file.display()),
         || {
             json!({"result": "ok", "file": file.display().to_string(), "keys": end.keys,
                    "applied_index": end.applied_index, "bytes": bytes})
@@ -139,7 +139,8 @@ async fn restore(out: &Output, http: &Http, file: &Path) -> Outcome {
             out.print(
                 || {
                     format!(
-                        "restored {restored} keys from {} (saved at log index {})",
+                        "restored {} from {} (saved at log index {})",
+                        keys(restored),
                         file.display(),
                         end.applied_index
                     )
@@ -149,5 +150,14 @@ async fn restore(out: &Output, http: &Http, file: &Path) -> Outcome {
             Outcome::Done
         }
         Err(e) => out.error(&e),
+    }
+}
+
+/// "1 key", "2 keys".
+fn keys(count: u64) -> String {
+    if count == 1 {
+        "1 key".to_string()
+    } else {
+        format!("{count} keys")
     }
 }
