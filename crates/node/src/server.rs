@@ -47,7 +47,13 @@ pub async fn start(config: &NodeConfig) -> anyhow::Result<RunningNode> {
             tracing::info!(broker = %format!("{}:{}", broker.host, broker.port), client_id = %broker.client_id, "starting the MQTT front end");
             Some(FrontEnd::start(node.clone(), broker).context("starting the MQTT front end")?)
         }
-        None => None,
+        None => {
+            tracing::warn!(
+                "no --broker: this node serves HTTP only; in a cluster whose clients use MQTT, give every voter \
+                 the broker, or while this node leads no MQTT request is answered"
+            );
+            None
+        }
     };
     let (stop, stopped) = oneshot::channel::<()>();
     let stopped = async move {

@@ -22,7 +22,8 @@ async fn json_logs_are_one_object_per_line() {
 }
 
 /// By default a node whose stderr is a file logs plain text (no colour codes), its own events
-/// (here: that it leads) and none of the libraries' info lines.
+/// (here: that it leads, and a warning that it has no broker) and none of the libraries' info
+/// lines.
 #[test]
 fn default_logs_are_plain_quiet_and_name_the_leader() {
     let dir = tempfile::tempdir().unwrap();
@@ -51,6 +52,7 @@ fn default_logs_are_plain_quiet_and_name_the_leader() {
     node.wait().unwrap();
     assert!(text.contains("this node leads"), "no line says the node leads:\n{text}");
     assert!(!text.contains('\u{1b}'), "colour codes in a log file:\n{text}");
+    assert!(text.contains("WARN") && text.contains("no --broker"), "a node without a broker does not say so:\n{text}");
     let library_info: Vec<&str> = text.lines().filter(|l| l.contains(" INFO ") && l.contains("openraft")).collect();
     assert!(library_info.is_empty(), "openraft info lines by default:\n{}", library_info.join("\n"));
 }
