@@ -383,3 +383,25 @@ async fn ready_does_not_flap_under_a_steady_write_load() {
         &not_ready[..not_ready.len().min(5)]
     );
 }
+
+/// A follower forwards at most the command body limit (16 MiB): a larger `/v1/command` is
+/// answered 413 `too_large` there, naming the limit, and nothing reaches the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_refuses_to_forward_a_command_over_the_body_limit() {
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader().await;
+    let follower = cluster.running().into_iter().find(|id| *id != leader).unwrap();
+    let applied = cluster.status(leader).await.unwrap()["applied_index"].as_u64().unwrap();
+    let response = cluster
+        .http
+        .post(format!("{}/v1/command", cluster.url(follower)))
+        .body(vec![b'x'; (16 << 20) + 1])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["code"], "too_large", "{body}");
+    assert!(body["message"].as_str().unwrap().contains("16777216"), "{body}");
+    assert_eq!(cluster.status(leader).await.unwrap()["applied_index"].as_u64().unwrap(), applied);
+}
