@@ -63,6 +63,10 @@ pub(super) struct Answer {
 }
 
 impl Answer {
+    pub(super) fn new(status: u16, text: String) -> Answer {
+        Answer { status, text }
+    }
+
     /// The body as the API's type for it.
     pub(super) fn body<T: DeserializeOwned>(&self) -> Result<T, String> {
         serde_json::from_str(&self.text)
@@ -113,7 +117,7 @@ impl Http {
         let response = request.send().await.map_err(|e| format!("{url}: {}", error_chain(&e)))?;
         let status = response.status().as_u16();
         let text = response.text().await.map_err(|e| format!("{url}: {e}"))?;
-        Ok(Answer { status, text })
+        Ok(Answer::new(status, text))
     }
 
     /// `GET path` of the first endpoint that answers, as a response to read on.

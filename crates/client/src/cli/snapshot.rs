@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use clap::Subcommand;
 use serde_json::json;
-use statestore_api::body::{ErrorBody, Restored};
+use statestore_api::body::Restored;
 use statestore_api::{routes, TlsConfig};
 use statestore_protocol::backup::{BackupEnd, BackupReader, Frame};
 
-use super::cluster::{Http, Payload};
+use super::cluster::{Answer, Http, Payload};
 use super::{Outcome, Output};
 
 #[derive(Debug, Subcommand)]
@@ -53,8 +53,7 @@ async fn save(out: &Output, http: &Http, file: &Path) -> Outcome {
         if !response.status().is_success() {
             let status = response.status().as_u16();
             let text = response.text().await.unwrap_or_default();
-            let message = serde_json::from_str::<ErrorBody>(&text).map_or(text, |body| body.message);
-            return Err(format!("HTTP {status}: {message}"));
+            return Err(Answer::new(status, text).error());
         }
         let mut writer =
             BufWriter::new(File::create(&partial).map_err(|e| format!("creating {}: {e}", partial.display()))?);
