@@ -33,7 +33,7 @@ async fn main() -> anyhow::Result<()> {
             tracing::error!(error = format!("{e:#}"), "damaged storage");
             eprintln!(
                 "statestore: the storage in {} is damaged: {e:#}\n\
-                 The node will not start on it. Move the data directory aside and add the node back as a \
+                 The node will not run on it. Move the data directory aside and add the node back as a \
                  new member (docs/operations.md, \"Damaged storage\").",
                 data_dir.display()
             );

@@ -88,6 +88,8 @@ pub struct Node {
     pub leader: Leader,
     /// Decides when this node stands for election, and answers other nodes' pre-votes.
     pub elector: Elector,
+    /// The snapshot being received from the leader, checked before it is installed.
+    pub snapshot_receiver: statestore_raft::SnapshotReceiver,
     /// Whether the MQTT front end is connected to its broker, once it is started.
     pub broker_connected: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>>,
     /// The applied index the last `request_snapshot` asked a snapshot to cover.
@@ -183,6 +185,7 @@ impl Node {
             pipeline,
             leader,
             elector: elector.clone(),
+            snapshot_receiver: statestore_raft::SnapshotReceiver::default(),
             broker_connected: std::sync::OnceLock::new(),
             snapshot_wanted: Arc::new(AtomicU64::new(0)),
             http_commands: Arc::new(tokio::sync::Semaphore::new(config.max_http_commands)),

@@ -22,15 +22,43 @@ pub struct RunningNode {
 }
 
 impl RunningNode {
-    /// Stops accepting requests, lets the ones in flight finish, then stops Raft.
+    /// Stops accepting requests, lets the ones in flight finish (for at most [`HTTP_DRAIN`]),
+    /// then stops Raft.
     pub async fn stop(self) -> anyhow::Result<()> {
         if let Some(front_end) = &self.front_end {
             front_end.stop().await;
         }
         let _ = self.stop.send(());
-        let served = self.served.await.context("the HTTP server task failed")?;
+        let served = drain(self.served).await;
         self.node.shutdown().await;
         served
+    }
+
+    /// Stops at once because the node cannot go on (Raft stopped, damaged storage): Raft first,
+    /// so that nothing more is sent or waited for, then the front end and HTTP.
+    async fn stop_now(self) -> anyhow::Result<()> {
+        self.node.shutdown().await;
+        if let Some(front_end) = &self.front_end {
+            front_end.stop().await;
+        }
+        let _ = self.stop.send(());
+        drain(self.served).await
+    }
+}
+
+/// How long a stopping node lets HTTP requests in flight finish before it closes them (a
+/// learner being waited for, a restore being uploaded).
+pub const HTTP_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Waits for the HTTP server to finish the requests in flight, at most [`HTTP_DRAIN`].
+async fn drain(mut served: JoinHandle<anyhow::Result<()>>) -> anyhow::Result<()> {
+    match tokio::time::timeout(HTTP_DRAIN, &mut served).await {
+        Ok(joined) => joined.context("the HTTP server task failed")?,
+        Err(_) => {
+            tracing::warn!("HTTP requests still in flight {HTTP_DRAIN:?} after the stop; closing them");
+            served.abort();
+            Ok(())
+        }
     }
 }
 
@@ -93,7 +121,10 @@ pub struct RaftStopped(pub String);
 pub fn is_damaged_storage(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| {
         cause.downcast_ref::<statestore_raft::OpenError>().is_some_and(statestore_raft::OpenError::is_corruption)
-            || cause.downcast_ref::<RaftStopped>().is_some_and(|stopped| stopped.0.contains("Corruption"))
+            || cause.is::<statestore_raft::Damaged>()
+            || cause.downcast_ref::<RaftStopped>().is_some_and(|stopped| {
+                stopped.0.contains("Corruption") || statestore_raft::snapshot::describes_damage(&stopped.0)
+            })
     })
 }
 
@@ -113,12 +144,18 @@ pub async fn run(config: NodeConfig, stop: impl Future<Output = ()>) -> anyhow::
             }
         }
     };
+    let damage = running.node.reader.damage();
     tokio::select! {
         _ = stop => {}
         fatal = fatal => {
             tracing::error!(error = %fatal, "raft stopped on its own; the node stops");
-            let _ = running.stop().await;
+            let _ = running.stop_now().await;
             return Err(RaftStopped(fatal).into());
+        }
+        damaged = damage.found() => {
+            tracing::error!(damage = %damaged, "the storage is damaged; the node stops");
+            let _ = running.stop_now().await;
+            return Err(damaged.into());
         }
     }
     tracing::info!("stopping");

@@ -29,16 +29,49 @@ fn files(dir: &Path, suffix: &str) -> Vec<(PathBuf, u64)> {
     found
 }
 
+/// Snapshot after 40 entries and keep no log below it: a new member can only start from a
+/// snapshot.
+const SNAPSHOT_OFTEN: &[&str] = &["--snapshot-every", "40", "--logs-kept", "0"];
+
+async fn write_keys(cluster: &Cluster, count: usize) {
+    let writes = (0..count).map(|i| async move {
+        cluster.set(1, &format!("key-{i}"), "acknowledged").await.expect("a write");
+    });
+    futures::stream::iter(writes).buffer_unordered(16).collect::<Vec<_>>().await;
+}
+
 /// A one-node cluster holding `KEYS` acknowledged writes, killed with SIGKILL.
 async fn written_and_killed() -> Cluster {
     let mut cluster = Cluster::start(1, &[]).await;
-    let writes = (0..KEYS).map(|i| {
-        let cluster = &cluster;
-        async move { cluster.set(1, &format!("key-{i}"), "acknowledged").await.expect("a write") }
-    });
-    futures::stream::iter(writes).buffer_unordered(16).collect::<Vec<_>>().await;
+    write_keys(&cluster, KEYS).await;
     cluster.kill(1);
     cluster
+}
+
+/// A one-node cluster that has written `KEYS` keys and kept a snapshot of them; the path of
+/// the snapshot's data file.
+async fn written_with_a_snapshot() -> (Cluster, PathBuf) {
+    let cluster = Cluster::start(1, SNAPSHOT_OFTEN).await;
+    write_keys(&cluster, KEYS).await;
+    // One covering every write, so that no other is built after it.
+    let requested = cluster.http.post(format!("{}/cluster/snapshot", cluster.url(1))).send().await.unwrap();
+    assert_eq!(requested.status(), 202);
+    let requested: serde_json::Value = requested.json().await.unwrap();
+    cluster.wait_snapshot_covering(1, requested["applied_index"].as_u64().unwrap()).await;
+    let snapshots = cluster.nodes[&1].data_dir.join("snapshots");
+    let (data, len) = files(&snapshots, ".data").into_iter().next().expect("a snapshot data file");
+    assert!(len > 50_000, "the snapshot holds {KEYS} keys ({len} bytes)");
+    (cluster, data)
+}
+
+/// Flips bytes in the middle of `path`, leaving its length as it was.
+fn damage(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let middle = bytes.len() / 2;
+    for byte in &mut bytes[middle..middle + 64] {
+        *byte ^= 0x5a;
+    }
+    std::fs::write(path, bytes).unwrap();
 }
 
 fn assert_stops_as_damaged(cluster: &mut Cluster, what: &str) {
@@ -59,12 +92,7 @@ async fn a_damaged_wal_stops_the_node_instead_of_dropping_acknowledged_writes() 
     let db = cluster.nodes[&1].data_dir.join("db");
     let (wal, len) = files(&db, ".log").into_iter().next().expect("a WAL file");
     assert!(len > 100_000, "{KEYS} writes are in the WAL ({len} bytes)");
-    let mut bytes = std::fs::read(&wal).unwrap();
-    let middle = bytes.len() / 2;
-    for byte in &mut bytes[middle..middle + 64] {
-        *byte ^= 0x5a;
-    }
-    std::fs::write(&wal, bytes).unwrap();
+    damage(&wal);
     assert_stops_as_damaged(&mut cluster, "WAL");
 }
 
@@ -85,4 +113,40 @@ async fn a_truncated_table_file_stops_the_node() {
     let file = std::fs::OpenOptions::new().write(true).open(&table).unwrap();
     file.set_len(len / 2).unwrap();
     assert_stops_as_damaged(&mut cluster, "table file");
+}
+
+/// The kept snapshot is what a new or lagging member starts from; a damaged one was found only
+/// when a member tried to install it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_damaged_snapshot_stops_the_node_at_start() {
+    let (mut cluster, data) = written_with_a_snapshot().await;
+    assert!(cluster.terminate(1).success());
+    damage(&data);
+    assert_stops_as_damaged(&mut cluster, "snapshot");
+}
+
+/// A snapshot damaged while the node runs is found before it is sent: the node stops, and the
+/// member it was meant for is not harmed by it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_stops_rather_than_send_a_damaged_snapshot() {
+    let (mut cluster, data) = written_with_a_snapshot().await;
+    damage(&data);
+    cluster.start_new_node(2);
+    // The answer does not matter: the node is expected to stop while this waits for the
+    // learner to catch up, and not to wait for it.
+    let add = cluster
+        .http
+        .post(format!("{}/cluster/learners", cluster.url(1)))
+        .json(&serde_json::json!({"id": 2, "address": cluster.url(2)}))
+        .timeout(Duration::from_secs(60))
+        .send();
+    let add = tokio::spawn(add);
+    let Some(status) = cluster.wait_exit(1, Duration::from_secs(10)) else {
+        panic!("node 1 runs on with a damaged snapshot, or does not stop within 10 s\n{}", cluster.logs());
+    };
+    add.abort();
+    let logs = cluster.logs();
+    assert_eq!(status.code(), Some(DAMAGED), "exit status {status}\n{logs}");
+    assert!(logs.contains("is damaged") && logs.contains("Damaged storage"), "a clear message\n{logs}");
+    assert!(cluster.wait_exit(2, Duration::from_millis(500)).is_none(), "the learner stopped too\n{logs}");
 }

@@ -310,3 +310,34 @@ async fn a_leader_that_removes_itself_and_keeps_running_hands_over() {
     assert_eq!(voters, rest, "{status}");
     eprintln!("a new leader {elected_after:?} after the old one removed itself");
 }
+
+/// Adding a learner waits for it to catch up (30 s by default). A node told to stop meanwhile
+/// stops within its HTTP drain time (5 s) instead of waiting the catch-up out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_node_does_not_wait_out_a_learner_that_is_catching_up() {
+    let mut cluster = Cluster::start(1, &[]).await;
+    write_keys(&cluster, "load", 5).await;
+    cluster.start_new_node(2);
+    let serving = Instant::now();
+    while !cluster.http.get(format!("{}/health", cluster.url(2))).send().await.is_ok_and(|r| r.status().is_success()) {
+        assert!(serving.elapsed() < DEADLINE, "node 2 does not serve\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    cluster.signal(2, "STOP");
+    let add = cluster
+        .http
+        .post(format!("{}/cluster/learners", cluster.url(1)))
+        .json(&serde_json::json!({"id": 2, "address": cluster.url(2)}))
+        .timeout(Duration::from_secs(60))
+        .send();
+    let add = tokio::spawn(add);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!add.is_finished(), "the add waits for the stopped learner");
+    let stopping = Instant::now();
+    let status = cluster.terminate(1);
+    let took = stopping.elapsed();
+    cluster.signal(2, "CONT");
+    assert!(status.success(), "{status}\n{}", cluster.logs());
+    assert!(took < Duration::from_secs(8), "stopping took {took:?}\n{}", cluster.logs());
+    add.abort();
+}

@@ -15,12 +15,16 @@
 //!   Raft message.
 //! - [`clocks`]: peers' wall clocks as their RPCs show them, and whether this node's agrees.
 //! - [`metrics`]: fsync, apply and snapshot metrics.
+//! - [`damage`]: damage found while the node runs, which it stops on.
+//! - [`snapshot_receiver`]: snapshots received from the leader, checked whole before openraft
+//!   installs them.
 
 // openraft's traits return its own `StorageError`, which is large; boxing it would only add
 // conversions at every trait boundary.
 #![allow(clippy::result_large_err)]
 
 pub mod clocks;
+pub mod damage;
 pub mod db;
 pub mod dedup_retention;
 pub mod election;
@@ -29,6 +33,7 @@ pub mod log_store;
 pub mod metrics;
 pub mod network;
 pub mod snapshot;
+pub mod snapshot_receiver;
 pub mod state_store;
 pub mod types;
 pub mod wire;
@@ -45,11 +50,13 @@ use statestore_statemachine::{Config, DueKey, OutboxEntry, Reply, RequestIdentit
 use tokio::sync::broadcast;
 
 pub use clocks::PeerClocks;
+pub use damage::{DamageReport, Damaged};
 pub use election::Elector;
 pub use identity::PeerIdentity;
 pub use log_store::{LogReader, LogStore};
 pub use metrics::StorageMetrics;
 pub use network::NetworkFactory;
+pub use snapshot_receiver::SnapshotReceiver;
 pub use state_store::StateStore;
 pub use types::{ApplyResult, Node, NodeId, Raft, TypeConfig};
 
@@ -63,7 +70,7 @@ pub enum OpenError {
     #[error("reading the applied state in {path}: {detail}")]
     State { path: String, detail: String },
     #[error("snapshots in {path}: {detail}")]
-    Snapshot { path: String, detail: String },
+    Snapshot { path: String, detail: String, damaged: bool },
 }
 
 impl OpenError {
@@ -72,7 +79,8 @@ impl OpenError {
     pub fn is_corruption(&self) -> bool {
         match self {
             OpenError::Db { source, .. } => source.kind() == rocksdb::ErrorKind::Corruption,
-            OpenError::Snapshot { detail, .. } | OpenError::State { detail, .. } => detail.contains("checksum"),
+            OpenError::Snapshot { damaged, .. } => *damaged,
+            OpenError::State { detail, .. } => detail.contains("checksum"),
             OpenError::Io { .. } => false,
         }
     }
@@ -142,10 +150,13 @@ pub fn open(
     let db = db::open(&db_path, &shared.dedup_horizon)
         .map_err(|source| OpenError::Db { path: db_path.display().to_string(), source })?;
     let snapshot_path = data_dir.join("snapshots");
-    let snapshots = snapshot::SnapshotDir::new(&snapshot_path)
-        .map_err(|e| OpenError::Snapshot { path: snapshot_path.display().to_string(), detail: e.to_string() })?;
-    state_store::resume_install(&db, &snapshots)
-        .map_err(|e| OpenError::Snapshot { path: snapshot_path.display().to_string(), detail: e.to_string() })?;
+    let snapshot_error = |detail: String| OpenError::Snapshot {
+        path: snapshot_path.display().to_string(),
+        damaged: snapshot::describes_damage(&detail),
+        detail,
+    };
+    let snapshots = snapshot::SnapshotDir::new(&snapshot_path).map_err(|e| snapshot_error(e.to_string()))?;
+    state_store::resume_install(&db, &snapshots).map_err(|e| snapshot_error(e.to_string()))?;
     let clock = statestore_statemachine::meta::clock(&db::Tables { db: &db })
         .map_err(|e| OpenError::State { path: db_path.display().to_string(), detail: e.to_string() })?;
     shared.dedup_horizon.advance(clock);
@@ -166,6 +177,7 @@ pub fn open(
         applied_requests: applied_requests.clone(),
         log_bytes: shared.log_bytes.clone(),
         installing: shared.installing.clone(),
+        damage: shared.damage.clone(),
     };
     let state = StateStore::new(db, machine, snapshots, metrics, applied_requests, shared);
     Ok(NodeStorage { log, state, reader, incarnation })
@@ -181,6 +193,7 @@ pub struct StateReader {
     applied_requests: broadcast::Sender<AppliedRequests>,
     log_bytes: Arc<LogBytes>,
     installing: Arc<AtomicBool>,
+    damage: Arc<DamageReport>,
 }
 
 /// The identities of the client requests one apply call applied, in log order.
@@ -224,6 +237,11 @@ impl StateReader {
     /// meanwhile may see a partly installed keyspace.
     pub fn installing_snapshot(&self) -> bool {
         self.installing.load(Ordering::Acquire)
+    }
+
+    /// Where damage found while the node runs is reported.
+    pub fn damage(&self) -> &DamageReport {
+        &self.damage
     }
 
     /// How much the log grew since the latest snapshot here.

@@ -28,6 +28,7 @@ use statestore_protocol::backup::{BackupEnd, BackupKey, BackupWriter};
 use statestore_statemachine::{dedup, meta, KeyRecord, Operation, Overlay, StateMachine, StorageRead, Table};
 use tokio::sync::broadcast;
 
+use crate::damage::{DamageReport, Damaged};
 use crate::db::{self, add_to, cf, synced, Tables, ViewTables};
 use crate::dedup_retention::DedupHorizon;
 use crate::metrics::StorageMetrics;
@@ -83,6 +84,8 @@ pub(crate) struct SharedState {
     pub installing: Arc<AtomicBool>,
     /// Advanced as batches are applied; held back while a snapshot is built.
     pub dedup_horizon: Arc<DedupHorizon>,
+    /// Told of a kept snapshot found damaged.
+    pub damage: Arc<DamageReport>,
 }
 
 impl StateStore {
@@ -229,16 +232,24 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         Ok(())
     }
 
+    /// openraft asks for the kept snapshot when it starts and before it sends the snapshot to a
+    /// member; each time, the whole file is checked on a background thread, so that a damaged
+    /// snapshot stops this node (see [`DamageReport`]) instead of being sent. The check does
+    /// not hold the state machine up meanwhile; a receiver checks what it received in any case.
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, RaftStorageError> {
         let snapshots = self.snapshots.clone();
         let kept = tokio::task::spawn_blocking(move || {
             let Some((meta, path)) = snapshots.current()? else { return Ok(None) };
-            Ok::<_, SnapshotError>(Some((meta, std::fs::File::open(path)?)))
+            let file = std::fs::File::open(&path)?;
+            Ok::<_, SnapshotError>(Some((meta, path, file)))
         })
         .await
         .map_err(snapshot_error)?
         .map_err(|e| StorageIOError::read_snapshot(None, AnyError::error(e.to_string())))?;
-        Ok(kept.map(|(meta, file)| Snapshot { meta, snapshot: Box::new(tokio::fs::File::from_std(file)) }))
+        let Some((meta, path, file)) = kept else { return Ok(None) };
+        let damage = self.shared.damage.clone();
+        spawn_low_priority("snapshot-check", move || check_kept(&path, &damage)).map_err(snapshot_error)?;
+        Ok(Some(Snapshot { meta, snapshot: Box::new(tokio::fs::File::from_std(file)) }))
     }
 }
 
@@ -250,14 +261,33 @@ async fn in_background<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, RaftStorageError> {
     let (done, result) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name(name.to_string())
-        .spawn(move || {
-            lower_priority();
-            let _ = done.send(work());
-        })
-        .map_err(snapshot_error)?;
+    spawn_low_priority(name, move || {
+        let _ = done.send(work());
+    })
+    .map_err(snapshot_error)?;
     result.await.map_err(|_| snapshot_error("the snapshot thread panicked"))
+}
+
+/// Runs `work` on a thread of its own at the lowest priorities (see [`in_background`]).
+fn spawn_low_priority(name: &str, work: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+    std::thread::Builder::new().name(name.to_string()).spawn(move || {
+        lower_priority();
+        work();
+    })?;
+    Ok(())
+}
+
+/// Reads the kept snapshot at `path` whole; reports it if damaged. A snapshot kept since has
+/// removed the file: nothing to check then.
+fn check_kept(path: &Path, damage: &DamageReport) {
+    match verify(path) {
+        Err(e) if e.is_damage() => {
+            damage.report(Damaged(format!("the kept snapshot {} is damaged: {e}", path.display())));
+        }
+        Err(SnapshotError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(snapshot = %path.display(), error = %e, "could not check the kept snapshot"),
+        Ok(_) => {}
+    }
 }
 
 /// Lowers the calling thread's CPU (nice 19) and I/O (best effort, level 7) priority. On Linux

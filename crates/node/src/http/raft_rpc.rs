@@ -95,7 +95,7 @@ pub async fn vote(State(node): State<Arc<Node>>, body: Bytes) -> Response {
 }
 
 pub async fn snapshot(State(node): State<Arc<Node>>, body: Bytes) -> Response {
-    rpc(body, |request| async move { node.raft.install_snapshot(request).await }).await
+    rpc(body, |request| async move { node.snapshot_receiver.receive(&node.raft, request).await }).await
 }
 
 pub async fn prevote(State(node): State<Arc<Node>>, body: Bytes) -> Response {
