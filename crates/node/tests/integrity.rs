@@ -134,12 +134,7 @@ async fn a_node_stops_rather_than_send_a_damaged_snapshot() {
     cluster.start_new_node(2);
     // The answer does not matter: the node is expected to stop while this waits for the
     // learner to catch up, and not to wait for it.
-    let add = cluster
-        .http
-        .post(format!("{}/cluster/learners", cluster.url(1)))
-        .json(&serde_json::json!({"id": 2, "address": cluster.url(2)}))
-        .timeout(Duration::from_secs(60))
-        .send();
+    let add = cluster.add_learner(1, 2).timeout(Duration::from_secs(60)).send();
     let add = tokio::spawn(add);
     let Some(status) = cluster.wait_exit(1, Duration::from_secs(10)) else {
         panic!("node 1 runs on with a damaged snapshot, or does not stop within 10 s\n{}", cluster.logs());

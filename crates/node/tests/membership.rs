@@ -76,13 +76,7 @@ async fn a_learner_joins_a_loaded_cluster_is_promoted_and_a_member_is_removed() 
     let leader = cluster.wait_leader().await;
 
     cluster.start_new_node(4);
-    let added = cluster
-        .http
-        .post(format!("{}/cluster/learners", cluster.url(leader)))
-        .json(&serde_json::json!({"id": 4, "address": cluster.url(4)}))
-        .send()
-        .await
-        .unwrap();
+    let added = cluster.add_learner(leader, 4).send().await.unwrap();
     assert_eq!(added.status(), 200, "{}", added.text().await.unwrap());
     let added: serde_json::Value = added.json().await.unwrap();
     assert_eq!(added["caught_up"], true);
@@ -324,12 +318,7 @@ async fn a_stopping_node_does_not_wait_out_a_learner_that_is_catching_up() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     cluster.signal(2, "STOP");
-    let add = cluster
-        .http
-        .post(format!("{}/cluster/learners", cluster.url(1)))
-        .json(&serde_json::json!({"id": 2, "address": cluster.url(2)}))
-        .timeout(Duration::from_secs(60))
-        .send();
+    let add = cluster.add_learner(1, 2).timeout(Duration::from_secs(60)).send();
     let add = tokio::spawn(add);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!add.is_finished(), "the add waits for the stopped learner");

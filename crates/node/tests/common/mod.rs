@@ -236,6 +236,12 @@ impl Cluster {
         self.nodes[&id].url()
     }
 
+    /// `POST /cluster/learners` to node `to`, adding node `id` at its address, not yet sent.
+    pub fn add_learner(&self, to: u64, id: u64) -> reqwest::RequestBuilder {
+        let body = serde_json::json!({"id": id, "address": self.url(id)});
+        self.http.post(format!("{}/cluster/learners", self.url(to))).json(&body)
+    }
+
     pub async fn status(&self, id: u64) -> Option<Value> {
         let response = self.http.get(format!("{}/cluster", self.url(id))).send().await.ok()?;
         response.json().await.ok()
