@@ -86,10 +86,21 @@ pub struct Restored {
     pub restored: u64,
 }
 
-/// `GET /health` and `GET /ready` when all is well: `{"status": "ok"}`, `{"status": "ready"}`.
+/// `GET /health` and `GET /ready` when all is well: `{"status": "ok"}`, `{"status": "ready",
+/// "broker_connected": true}`.
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq, Clone)]
 pub struct Up {
     pub status: String,
+    /// `/ready` only: whether the node is connected to its MQTT broker; absent when it was
+    /// started without one (it serves HTTP only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker_connected: Option<bool>,
+}
+
+impl Up {
+    pub fn new(status: &str) -> Up {
+        Up { status: status.to_string(), broker_connected: None }
+    }
 }
 
 /// Every error answer of the HTTP API (4xx and 5xx): a stable code, a message for people, and

@@ -13,6 +13,10 @@
 //!   again a lease later. If nobody took over within [`HANDOVER_WINDOW`] leases, it resumes its
 //!   heartbeats and tries again later.
 //! - It takes leadership back only through an ordinary election, once connected again.
+//!
+//! A node started without a broker ([`without_broker`]) is treated as one that lost it, except
+//! that it may lead while no voter with a connected broker is ready: a cluster used over HTTP
+//! only has no broker at all.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +24,8 @@ use std::time::Duration;
 use openraft::ServerState;
 use tokio::sync::watch;
 use tokio::time::Instant;
+
+use statestore_api::body::Up;
 
 use crate::node::Node;
 
@@ -113,12 +119,67 @@ pub(crate) async fn follow_broker(node: Arc<Node>, mut connected: watch::Receive
     }
 }
 
-/// The first other voter whose `/ready` answers 200: connected to its broker, caught up and
-/// hearing this leader.
+/// The first other voter whose `/ready` answers 200 and says it is connected to its broker: it
+/// is caught up, hears this leader and can serve MQTT clients.
 async fn ready_voter(node: &Node, client: &reqwest::Client) -> Option<u64> {
     let asks = node.elector.other_voters().into_iter().map(|(id, url)| async move {
-        let ready = client.get(format!("{url}/ready")).send().await.is_ok_and(|r| r.status().is_success());
-        ready.then_some(id)
+        let answer = client.get(format!("{url}/ready")).send().await.ok().filter(|r| r.status().is_success())?;
+        let up: Up = answer.json().await.ok()?;
+        (up.broker_connected == Some(true)).then_some(id)
     });
     futures::future::join_all(asks).await.into_iter().flatten().next()
+}
+
+/// Leadership of a node started without a broker (it serves HTTP only). In a cluster used over
+/// HTTP only it leads like any other node. While another voter is ready with its broker
+/// connected, it does not stand for election, and if it leads it hands leadership over as a
+/// leader that lost its broker does: MQTT clients would otherwise go unanswered for as long as
+/// it leads. Looks every [`HANDOVER_WINDOW`] leases.
+pub(crate) async fn without_broker(node: Arc<Node>) {
+    let lease = node.elector.lease();
+    let client = match node.http_client(lease) {
+        Ok(client) => client,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the HTTP client that asks peers whether they are ready");
+            return;
+        }
+    };
+    let mut look = tokio::time::interval(lease * HANDOVER_WINDOW);
+    let mut handing_over: Option<Instant> = None;
+    loop {
+        look.tick().await;
+        let leads = node.raft.metrics().borrow().state == ServerState::Leader;
+        handing_over = match handing_over {
+            Some(_) if !leads => {
+                tracing::info!("a node with its broker leads now; following it");
+                node.resume_serving();
+                None
+            }
+            Some(since) if since.elapsed() >= lease * HANDOVER_WINDOW => {
+                tracing::warn!("no node with a broker took over; leading on");
+                node.resume_serving();
+                node.elector.may_lead(true);
+                None
+            }
+            Some(since) => Some(since),
+            None => {
+                let brokered = ready_voter(&node, &client).await;
+                node.elector.may_lead(brokered.is_none());
+                match brokered {
+                    Some(peer) if leads => {
+                        tracing::warn!(
+                            peer,
+                            "this node has no broker and leads: handing leadership to a node connected to its broker"
+                        );
+                        node.hand_over(format!(
+                            "node {} has no broker and hands leadership over; try again shortly",
+                            node.id
+                        ));
+                        Some(Instant::now())
+                    }
+                    _ => None,
+                }
+            }
+        };
+    }
 }

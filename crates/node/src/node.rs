@@ -332,6 +332,12 @@ impl Node {
         }
     }
 
+    /// For a node started without a broker: leadership goes to a voter connected to its broker
+    /// whenever one is ready (`broker_watch::without_broker`).
+    pub fn follow_no_broker(self: &Arc<Self>) {
+        tokio::spawn(crate::broker_watch::without_broker(self.clone()));
+    }
+
     /// Stops this leader's heartbeats and refuses new work with `why`, so that the others stop
     /// hearing it and elect one of themselves: leadership is handed over.
     pub(crate) fn hand_over(&self, why: String) {

@@ -78,8 +78,10 @@ pub async fn start(config: &NodeConfig) -> anyhow::Result<RunningNode> {
         None => {
             tracing::warn!(
                 "no --broker: this node serves HTTP only; in a cluster whose clients use MQTT, give every voter \
-                 the broker, or while this node leads no MQTT request is answered"
+                 the broker: this node hands leadership to a voter connected to its broker whenever it wins an \
+                 election, and MQTT requests wait meanwhile"
             );
+            node.follow_no_broker();
             None
         }
     };

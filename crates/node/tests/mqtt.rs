@@ -115,6 +115,58 @@ async fn a_leader_that_loses_its_broker_hands_leadership_to_a_connected_node() {
     assert_eq!(reply.payload, b"$1\r\n1\r\n", "nothing written before the cut is lost");
 }
 
+/// A voter started without `--broker` (a misconfiguration the node warns about) that wins an
+/// election serves no MQTT client: it must hand leadership to a voter that has its broker, as
+/// a leader that lost its broker does. The leader is paused until the brokerless node leads.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_voter_without_a_broker_that_wins_an_election_hands_leadership_over() {
+    let broker = Broker::start();
+    let mut cluster = Cluster::prepare(3, &[]);
+    for id in 1..=2 {
+        cluster.nodes.get_mut(&id).unwrap().args = vec!["--broker".into(), broker.address()];
+    }
+    for id in 1..=3 {
+        cluster.spawn(id);
+    }
+    cluster.wait_ready().await;
+    let client = RawClient::connect(broker.port, "brokerless-leader").await;
+    let mut pauses = 0;
+    loop {
+        let leader = cluster.wait_leader().await;
+        if leader == 3 {
+            break;
+        }
+        assert!(pauses < 20, "node 3 never won an election in {pauses} leader pauses\n{}", cluster.logs());
+        pauses += 1;
+        cluster.signal(leader, "STOP");
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        cluster.signal(leader, "CONT");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if cluster.status(3).await.is_some_and(|s| s["role"] == "leader") {
+            break;
+        }
+    }
+    let led = std::time::Instant::now();
+    let mut answered = None;
+    for attempt in 0.. {
+        let key = format!("after-{attempt}");
+        let properties = client.properties(&timestamp());
+        if let Some(reply) = client.request_with(&set(key.as_bytes(), b"1"), properties, Duration::from_secs(1)).await {
+            assert_eq!(reply.payload, b"+OK\r\n");
+            answered = Some(led.elapsed());
+            break;
+        }
+        if led.elapsed() > Duration::from_secs(15) {
+            break;
+        }
+    }
+    let answered = answered.unwrap_or_else(|| {
+        panic!("no MQTT request answered within 15 s of the brokerless node leading\n{}", cluster.logs())
+    });
+    assert_ne!(cluster.wait_leader().await, 3, "a node with its broker leads");
+    println!("node 3 led after {pauses} leader pauses; MQTT answered again {} ms after", answered.as_millis());
+}
+
 /// The broker forgets a request once the node acknowledges it: a node that acknowledged a
 /// request before sending its response, and then died, would leave it unanswered for good. A
 /// proxy between the node and the broker records the order on the wire.

@@ -273,7 +273,7 @@ async fn applies_up_to(node: &Node, index: u64, deadline: Duration) -> bool {
 pub async fn health(State(node): State<Arc<Node>>) -> Response {
     let running = node.raft.metrics().borrow().running_state.is_ok();
     if running {
-        (StatusCode::OK, Json(Up { status: "ok".into() })).into_response()
+        (StatusCode::OK, Json(Up::new("ok"))).into_response()
     } else {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "stopped", "raft has stopped").into_response()
     }
@@ -313,7 +313,10 @@ pub async fn ready(State(node): State<Arc<Node>>) -> Response {
         None
     };
     match reason {
-        None => (StatusCode::OK, Json(Up { status: "ready".into() })).into_response(),
+        None => {
+            let broker_connected = node.broker_connected.get().map(|connected| *connected.borrow());
+            (StatusCode::OK, Json(Up { broker_connected, ..Up::new("ready") })).into_response()
+        }
         Some(reason) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", reason).into_response(),
     }
 }
