@@ -48,13 +48,7 @@ enum Handover {
 /// Follows `connected` (true while the broker connection is up) until it closes.
 pub(crate) async fn follow_broker(node: Arc<Node>, mut connected: watch::Receiver<bool>) {
     let lease = node.elector.lease();
-    let client = match node.http_client(lease) {
-        Ok(client) => client,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot build the HTTP client that asks peers whether they are ready");
-            return;
-        }
-    };
+    let Some(client) = readiness_client(&node, lease) else { return };
     loop {
         if *connected.borrow_and_update() {
             node.elector.may_lead(true);
@@ -119,6 +113,15 @@ pub(crate) async fn follow_broker(node: Arc<Node>, mut connected: watch::Receive
     }
 }
 
+/// The client that asks peers whether they are ready, with `timeout` per request.
+fn readiness_client(node: &Node, timeout: Duration) -> Option<reqwest::Client> {
+    node.http_client(timeout)
+        .inspect_err(|e| {
+            tracing::error!(error = %e, "cannot build the HTTP client that asks peers whether they are ready");
+        })
+        .ok()
+}
+
 /// The first other voter whose `/ready` answers 200 and says it is connected to its broker: it
 /// is caught up, hears this leader and can serve MQTT clients.
 async fn ready_voter(node: &Node, client: &reqwest::Client) -> Option<u64> {
@@ -137,13 +140,7 @@ async fn ready_voter(node: &Node, client: &reqwest::Client) -> Option<u64> {
 /// it leads. Looks every [`HANDOVER_WINDOW`] leases.
 pub(crate) async fn without_broker(node: Arc<Node>) {
     let lease = node.elector.lease();
-    let client = match node.http_client(lease) {
-        Ok(client) => client,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot build the HTTP client that asks peers whether they are ready");
-            return;
-        }
-    };
+    let Some(client) = readiness_client(&node, lease) else { return };
     let mut look = tokio::time::interval(lease * HANDOVER_WINDOW);
     let mut handing_over: Option<Instant> = None;
     loop {

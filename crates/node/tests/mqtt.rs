@@ -87,21 +87,7 @@ async fn a_leader_that_loses_its_broker_hands_leadership_to_a_connected_node() {
     assert_eq!(client.request(&set(b"before-cut", b"1"), &timestamp()).await.payload, b"+OK\r\n");
 
     gates[&first].cut();
-    let cut = std::time::Instant::now();
-    let mut answered = None;
-    for attempt in 0.. {
-        let key = format!("during-cut-{attempt}");
-        let properties = client.properties(&timestamp());
-        if let Some(reply) = client.request_with(&set(key.as_bytes(), b"1"), properties, Duration::from_secs(1)).await {
-            assert_eq!(reply.payload, b"+OK\r\n");
-            answered = Some(cut.elapsed());
-            break;
-        }
-        if cut.elapsed() > Duration::from_secs(15) {
-            break;
-        }
-    }
-    let answered = answered.unwrap_or_else(|| {
+    let answered = first_write_answered(&client, "during-cut").await.unwrap_or_else(|| {
         panic!("no request was answered within 15 s of the leader losing its broker\n{}", cluster.logs())
     });
     let second = cluster.wait_leader().await;
@@ -146,21 +132,7 @@ async fn a_voter_without_a_broker_that_wins_an_election_hands_leadership_over() 
             break;
         }
     }
-    let led = std::time::Instant::now();
-    let mut answered = None;
-    for attempt in 0.. {
-        let key = format!("after-{attempt}");
-        let properties = client.properties(&timestamp());
-        if let Some(reply) = client.request_with(&set(key.as_bytes(), b"1"), properties, Duration::from_secs(1)).await {
-            assert_eq!(reply.payload, b"+OK\r\n");
-            answered = Some(led.elapsed());
-            break;
-        }
-        if led.elapsed() > Duration::from_secs(15) {
-            break;
-        }
-    }
-    let answered = answered.unwrap_or_else(|| {
+    let answered = first_write_answered(&client, "after").await.unwrap_or_else(|| {
         panic!("no MQTT request answered within 15 s of the brokerless node leading\n{}", cluster.logs())
     });
     assert_ne!(cluster.wait_leader().await, 3, "a node with its broker leads");
@@ -375,6 +347,24 @@ async fn a_write_through_the_http_command_route_notifies_watchers_at_once() {
         .await
         .expect("no notification within 1 s of a write through /v1/command");
     assert_eq!(notification.payload, encode_bulk_array(&[&b"NOTIFY"[..], b"SET", b"VALUE", b"from-http"]));
+}
+
+/// Writes `{prefix}-N` keys one after the other, each given 1 s for its answer, until one is
+/// answered `+OK`: how long that took, or `None` if none was within 15 s.
+async fn first_write_answered(client: &RawClient, prefix: &str) -> Option<Duration> {
+    let started = std::time::Instant::now();
+    for attempt in 0.. {
+        let key = format!("{prefix}-{attempt}");
+        let properties = client.properties(&timestamp());
+        if let Some(reply) = client.request_with(&set(key.as_bytes(), b"1"), properties, Duration::from_secs(1)).await {
+            assert_eq!(reply.payload, b"+OK\r\n");
+            return Some(started.elapsed());
+        }
+        if started.elapsed() > Duration::from_secs(15) {
+            return None;
+        }
+    }
+    None
 }
 
 async fn cluster_with_broker() -> (Broker, Cluster) {
