@@ -1,7 +1,17 @@
 //! Damage found in a node's storage while it runs (a kept snapshot that no longer reads back):
 //! reported once, and the node stops on it as it does on damage found when the storage opens.
 
+use statestore_statemachine::StorageError;
 use tokio::sync::watch;
+
+/// Whether `error` says the storage is damaged: RocksDB's `Corruption` status (a checksum that
+/// does not match), or a record that does not decode.
+pub fn is_damage(error: &StorageError) -> bool {
+    match error {
+        StorageError::Backend(text) => text.starts_with("Corruption"),
+        StorageError::Corrupt { .. } => true,
+    }
+}
 
 /// Storage damage: what is damaged and how it was found.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -43,6 +53,16 @@ impl DamageReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rocksdb_corruption_and_undecodable_records_are_damage() {
+        // `db::backend` keeps RocksDB's status text, which starts with the status's name.
+        let corruption = "Corruption: block checksum mismatch: stored = 1, computed = 2";
+        assert!(is_damage(&StorageError::Backend(corruption.into())));
+        assert!(!is_damage(&StorageError::Backend("IO error: No space left on device".into())));
+        let table = statestore_statemachine::Table::Keys;
+        assert!(is_damage(&StorageError::Corrupt { table, detail: "short record" }));
+    }
 
     #[tokio::test]
     async fn the_first_report_stands_and_is_seen_by_late_followers() {

@@ -212,25 +212,25 @@ impl StateReader {
 
     /// Answers a GET or SCAN from the applied state; `None` for commands that write.
     pub fn read(&self, request: &Request, wall_clock_ms: u64) -> Result<Option<Reply>, StorageError> {
-        self.machine.read(&db::Tables { db: &self.db }, request, wall_clock_ms)
+        self.checked(self.machine.read(&db::Tables { db: &self.db }, request, wall_clock_ms))
     }
 
     /// Keys whose deadline has passed at `now`, oldest first.
     pub fn due_keys(&self, now: u64, limit: usize) -> Result<Vec<DueKey>, StorageError> {
-        statestore_statemachine::keyspace::due_keys(&db::Tables { db: &self.db }, now, limit)
+        self.checked(statestore_statemachine::keyspace::due_keys(&db::Tables { db: &self.db }, now, limit))
     }
 
     /// The stored reply of a request applied before, if it is still retained at the applied
     /// clock.
     pub fn dedup_lookup(&self, identity: &RequestIdentity) -> Result<Option<Reply>, StorageError> {
         let tables = db::Tables { db: &self.db };
-        let now = statestore_statemachine::meta::clock(&tables)?;
-        statestore_statemachine::dedup::lookup(&tables, identity, now)
+        let now = self.checked(statestore_statemachine::meta::clock(&tables))?;
+        self.checked(statestore_statemachine::dedup::lookup(&tables, identity, now))
     }
 
     /// Up to `limit` notifications not yet confirmed as published, with `seq > after`, in order.
     pub fn pending_notifications(&self, after: Option<u64>, limit: usize) -> Result<Vec<OutboxEntry>, StorageError> {
-        statestore_statemachine::watch::pending_notifications(&db::Tables { db: &self.db }, after, limit)
+        self.checked(statestore_statemachine::watch::pending_notifications(&db::Tables { db: &self.db }, after, limit))
     }
 
     /// Whether a snapshot install is replacing the tables right now: reads of the local state
@@ -244,27 +244,38 @@ impl StateReader {
         &self.damage
     }
 
+    /// `result`, after reporting it as damage if it says the storage is damaged (a block or a
+    /// record that does not read back): the node stops on it rather than serve on.
+    fn checked<T>(&self, result: Result<T, StorageError>) -> Result<T, StorageError> {
+        if let Err(e) = &result {
+            if damage::is_damage(e) {
+                self.damage.report(Damaged(format!("a read of the state found damage: {e}")));
+            }
+        }
+        result
+    }
+
     /// How much the log grew since the latest snapshot here.
     pub fn log_bytes(&self) -> &LogBytes {
         &self.log_bytes
     }
 
-    /// The last committed log index this node knows of (0 before the first).
     /// The cluster's name, once applied here.
     pub fn cluster_id(&self) -> Result<Option<String>, StorageError> {
-        statestore_statemachine::meta::cluster_id(&db::Tables { db: &self.db })
+        self.checked(statestore_statemachine::meta::cluster_id(&db::Tables { db: &self.db }))
     }
 
     /// The storage incarnation enrolled for member `node`.
     pub fn enrolled(&self, node: NodeId) -> Result<Option<String>, StorageError> {
-        statestore_statemachine::meta::enrolled(&db::Tables { db: &self.db }, node)
+        self.checked(statestore_statemachine::meta::enrolled(&db::Tables { db: &self.db }, node))
     }
 
     /// Every enrolled member's storage incarnation.
     pub fn enrollments(&self) -> Result<BTreeMap<NodeId, String>, StorageError> {
-        statestore_statemachine::meta::enrollments(&db::Tables { db: &self.db })
+        self.checked(statestore_statemachine::meta::enrollments(&db::Tables { db: &self.db }))
     }
 
+    /// The last committed log index this node knows of (0 before the first).
     pub fn committed_index(&self) -> u64 {
         self.committed.load(Ordering::Acquire)
     }
