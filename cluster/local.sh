@@ -19,6 +19,9 @@ data="${STATESTORE_DATA:-cluster/data}"
 mqtt_port="${MQTT_PORT:-1883}"
 members="1=http://127.0.0.1:7401,2=http://127.0.0.1:7402,3=http://127.0.0.1:7403"
 binary="$CARGO_TARGET_DIR/release/statestore"
+# The three nodes share this machine's cores: each gets a third of them (at least one) for its
+# async runtime, which serves more than each taking every core (docs/benchmarks.md).
+worker_threads="${STATESTORE_WORKER_THREADS:-$(( $(nproc) / 3 > 1 ? $(nproc) / 3 : 1 ))}"
 
 die() { echo "local.sh: $*" >&2; exit 1; }
 
@@ -55,7 +58,8 @@ start_node() {
   local id="$1"
   alive "$data/node-$id.pid" && { echo "node $id is running"; return 0; }
   "$binary" --id "$id" --listen "127.0.0.1:740$id" --data-dir "$data/node-$id" \
-    --initial-members "$members" --broker "$(broker_address)" >>"$data/node-$id.log" 2>&1 &
+    --initial-members "$members" --broker "$(broker_address)" --worker-threads "$worker_threads" \
+    >>"$data/node-$id.log" 2>&1 &
   echo "$!" >"$data/node-$id.pid"
 }
 

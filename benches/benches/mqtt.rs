@@ -96,6 +96,7 @@ async fn start_cluster(dir: &std::path::Path, mqtt_port: u16) -> Vec<RunningNode
             max_http_commands: 1024,
             log: "warn".into(),
             log_json: false,
+            worker_threads: None,
             broker: Some(BrokerConfig {
                 host: "127.0.0.1".into(),
                 port: mqtt_port,

@@ -35,6 +35,7 @@ fn config(id: u64, port: u16, members: &str, dir: &std::path::Path) -> NodeConfi
         max_http_commands: 1024,
         log: "warn".into(),
         log_json: false,
+        worker_threads: None,
         broker: None,
     }
 }

@@ -95,6 +95,11 @@ pub struct Args {
     /// `too_many_commands`. Default 1024.
     #[arg(long, env = "STATESTORE_MAX_HTTP_COMMANDS")]
     pub max_http_commands: Option<usize>,
+    /// Threads that run the node's requests, Raft and HTTP (the async runtime's workers).
+    /// Default: one per CPU core. Nodes that share a machine serve more with fewer each:
+    /// `cluster/local.sh` gives each of its three nodes a third of the cores (at least one).
+    #[arg(long, env = "STATESTORE_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
     /// Log filter, e.g. `info` or `warn,statestore=debug`. Default `warn,statestore=info`: this
     /// node's events, and only warnings and errors of the libraries.
     #[arg(long, env = "STATESTORE_LOG")]
@@ -206,6 +211,8 @@ pub struct NodeConfig {
     pub logs_kept: u64,
     /// Most `/v1/command` requests served at once.
     pub max_http_commands: usize,
+    /// Async runtime worker threads; `None`: one per core.
+    pub worker_threads: Option<usize>,
     pub log: String,
     /// Log lines as JSON objects instead of text.
     pub log_json: bool,
@@ -272,6 +279,8 @@ pub enum ConfigError {
     File { path: String, detail: String },
     #[error("--log-format must be `text` or `json`, not {0:?}")]
     LogFormat(String),
+    #[error("--worker-threads must be at least 1")]
+    WorkerThreads,
     #[error("--id is required (or STATESTORE_ID, or `id` in the config file)")]
     MissingId,
     #[error("--id must be a positive integer")]
@@ -363,6 +372,10 @@ impl NodeConfig {
             snapshot_log_bytes: args.snapshot_log_bytes.unwrap_or(DEFAULT_SNAPSHOT_LOG_BYTES),
             logs_kept: args.logs_kept.unwrap_or(1_000),
             max_http_commands: args.max_http_commands.unwrap_or(1024).max(1),
+            worker_threads: match args.worker_threads {
+                Some(0) => return Err(ConfigError::WorkerThreads),
+                threads => threads,
+            },
             log: args.log.unwrap_or_else(|| DEFAULT_LOG_FILTER.to_string()),
             log_json: match args.log_format.as_deref() {
                 None | Some("text") => false,
@@ -624,6 +637,19 @@ mod tests {
         assert!(!NodeConfig::from_args(args(&["--id", "1"])).unwrap().log_json);
         assert!(!NodeConfig::from_args(args(&["--id", "1", "--log-format", "text"])).unwrap().log_json);
         assert!(NodeConfig::from_args(args(&["--id", "1", "--log-format", "json"])).unwrap().log_json);
+    }
+
+    #[test]
+    fn worker_threads_default_to_the_cores_and_are_at_least_one() {
+        assert_eq!(NodeConfig::from_args(args(&["--id", "1"])).unwrap().worker_threads, None);
+        assert_eq!(
+            NodeConfig::from_args(args(&["--id", "1", "--worker-threads", "1"])).unwrap().worker_threads,
+            Some(1)
+        );
+        assert_eq!(
+            NodeConfig::from_args(args(&["--id", "1", "--worker-threads", "0"])).unwrap_err(),
+            ConfigError::WorkerThreads
+        );
         let wrong = NodeConfig::from_args(args(&["--id", "1", "--log-format", "xml"])).unwrap_err();
         assert_eq!(wrong, ConfigError::LogFormat("xml".into()));
         assert_eq!(wrong.to_string(), "--log-format must be `text` or `json`, not \"xml\"");

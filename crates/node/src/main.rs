@@ -2,14 +2,14 @@
 
 use std::io::IsTerminal;
 
+use anyhow::Context;
 use clap::Parser;
 use statestore_node::config::DEFAULT_LOG_FILTER;
 use statestore_node::server::{self, EXIT_CONFIG, EXIT_DAMAGED_STORAGE};
 use statestore_node::{Args, NodeConfig};
 use tracing_subscriber::EnvFilter;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let config = match NodeConfig::from_args(Args::parse()) {
         Ok(config) => config,
         Err(e) => {
@@ -17,6 +17,14 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(EXIT_CONFIG);
         }
     };
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = config.worker_threads {
+        runtime.worker_threads(threads);
+    }
+    runtime.enable_all().build().context("starting the async runtime")?.block_on(serve(config))
+}
+
+async fn serve(config: NodeConfig) -> anyhow::Result<()> {
     let filter = EnvFilter::try_new(&config.log).unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
     // Colour only on a terminal, and never with NO_COLOR set: log files get plain text.
     let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());

@@ -33,6 +33,9 @@ pub struct StatestoreCluster {
     logs: PathBuf,
     nodes: Vec<Node>,
     http: reqwest::Client,
+    /// `--worker-threads` of every node, as `cluster/local.sh` gives it: the three nodes share
+    /// the machine's cores. `None` for a binary without the option.
+    worker_threads: Option<usize>,
 }
 
 /// The HTTP ports of the three nodes, chosen before the nodes start (the partition proxies
@@ -57,6 +60,14 @@ pub fn check_binary(binary: &Path, flag: Option<&str>) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A third of this machine's cores (at least one), as `cluster/local.sh` gives each node; `None`
+/// when `binary` has no `--worker-threads`.
+fn shared_worker_threads(binary: &Path) -> Option<usize> {
+    check_binary(binary, Some("--worker-threads")).ok()?;
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    Some((cores / NODES as usize).max(1))
 }
 
 impl StatestoreCluster {
@@ -84,6 +95,7 @@ impl StatestoreCluster {
             logs: logs.to_path_buf(),
             nodes: Vec::new(),
             http: reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?,
+            worker_threads: shared_worker_threads(binary),
         };
         for (i, port) in ports.iter().enumerate() {
             let id = i as u64 + 1;
@@ -114,6 +126,9 @@ impl StatestoreCluster {
             .arg(format!("127.0.0.1:{}", self.broker_port))
             .arg("--log")
             .arg("warn");
+        if let Some(threads) = self.worker_threads {
+            command.arg("--worker-threads").arg(threads.to_string());
+        }
         if let Some(Some(routes)) = self.peer_routes.get((id - 1) as usize) {
             command.arg("--peer-routes").arg(routes);
         }

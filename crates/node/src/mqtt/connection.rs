@@ -306,16 +306,20 @@ impl ConnectionTask {
             }
         };
         let Outbound { topic, payload, properties, delivery } = outbound;
-        match self.client.try_publish_with_properties(
-            topic.clone(),
-            QoS::AtLeastOnce,
-            false,
-            payload.clone(),
-            properties.clone(),
-        ) {
+        match self.client.try_publish_with_properties(topic, QoS::AtLeastOnce, false, payload, properties) {
             Ok(()) => self.awaiting_id.push_back(delivery),
-            Err(ClientError::TryRequest(_)) | Err(ClientError::Request(_)) => {
-                self.stash = Some(Queued::Publish(Outbound { topic, payload, properties, delivery }));
+            // rumqttc's channel is full: the publish comes back whole, to be handed over again.
+            Err(ClientError::TryRequest(request) | ClientError::Request(request)) => {
+                let rumqttc::v5::Request::Publish(publish) = request else {
+                    tracing::error!(?request, "rumqttc gave back another request than the publish handed to it");
+                    return;
+                };
+                self.stash = Some(Queued::Publish(Outbound {
+                    topic: String::from_utf8_lossy(&publish.topic).into_owned(),
+                    payload: publish.payload,
+                    properties: publish.properties.unwrap_or_default(),
+                    delivery,
+                }));
             }
         }
     }
