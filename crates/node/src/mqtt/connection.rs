@@ -174,6 +174,9 @@ fn mqtt_options(config: &BrokerConfig) -> anyhow::Result<MqttOptions> {
         .set_receive_maximum(Some(config.inflight))
         .set_outgoing_inflight_upper_limit(config.inflight)
         .set_connection_timeout(5);
+    // Responses, PUBACKs and notifications queued together go out in one write
+    // (crates/rumqttc/README.md).
+    options.set_max_request_batch(MAX_WRITE_BATCH);
     let mut network = NetworkOptions::new();
     network.set_tcp_nodelay(true);
     network.set_connection_timeout(5);
@@ -253,6 +256,9 @@ struct Subscription {
     /// Asked for in a SUBSCRIBE not answered yet.
     requested: Option<QoS>,
 }
+
+/// Most queued publishes and acknowledgements rumqttc writes to the broker in one flush.
+const MAX_WRITE_BATCH: usize = 64;
 
 /// How long a packet-id collision may last before the connection is dropped and established
 /// again (everything unacknowledged is sent again in the resumed session).
