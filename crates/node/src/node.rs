@@ -360,6 +360,17 @@ impl Node {
 }
 
 impl Node {
+    /// Whether this node leads and a quorum acknowledged it within the longest election
+    /// timeout. Past that the others may have elected another leader (this one is cut off from
+    /// them, or was paused), and answers are that leader's to give.
+    pub fn leads_with_quorum(&self) -> bool {
+        let lease_ms = self.raft.config().election_timeout_max;
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.state == openraft::ServerState::Leader
+            && metrics.millis_since_quorum_ack.is_some_and(|ms| ms <= lease_ms)
+    }
+
     /// Asks for a snapshot covering at least everything applied now, whatever the policy says,
     /// and returns that applied index. A build already running may end below it: the policy
     /// then asks again until a snapshot covers it, so a request is never lost.

@@ -149,6 +149,66 @@ async fn a_voter_without_a_broker_that_leads_hands_leadership_over() {
     println!("MQTT answered {} ms after the brokers were reachable", answered.as_millis());
 }
 
+/// A leader cut off from its peers keeps its broker and receives every request, but commits
+/// nothing: the answers are the next leader's to give. Once the requests it held had used up a
+/// client's in-flight slots, it answered that client's next requests `too many requests in
+/// flight` at once, ahead of the next leader's answers, for as long as the cut lasted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_cut_off_from_its_peers_leaves_the_answers_to_the_next_leader() {
+    let broker = Broker::start();
+    let mut cluster = Cluster::prepare(3, &[]);
+    let ports: std::collections::BTreeMap<u64, u16> = cluster.nodes.iter().map(|(id, node)| (*id, node.port)).collect();
+    let mut links = std::collections::BTreeMap::new();
+    for &from in ports.keys() {
+        for (&to, &port) in &ports {
+            if from != to {
+                links.insert((from, to), Gate::start(port).await);
+            }
+        }
+    }
+    for (&id, node) in cluster.nodes.iter_mut() {
+        let routes: Vec<String> = ports
+            .keys()
+            .filter(|to| **to != id)
+            .map(|to| format!("{to}=http://127.0.0.1:{}", links[&(id, *to)].port))
+            .collect();
+        node.args = vec![
+            "--broker".into(),
+            broker.address(),
+            "--peer-routes".into(),
+            routes.join(","),
+            "--broker-client-inflight".into(),
+            "4".into(),
+        ];
+    }
+    for id in 1..=3 {
+        cluster.spawn(id);
+    }
+    cluster.wait_ready().await;
+    let leader = cluster.wait_leader().await;
+    let client = RawClient::connect(broker.port, "cut-leader").await;
+    assert_eq!(client.request(&set(b"cut-before", b"1"), &timestamp()).await.payload, b"+OK\r\n");
+    for ((from, to), gate) in &links {
+        if *from == leader || *to == leader {
+            gate.cut();
+        }
+    }
+    let mut answered = 0;
+    for i in 0..30 {
+        let properties = client.properties(&timestamp());
+        let key = format!("cut-{i}");
+        // No answer is allowed (while the others elect a leader); a wrong one is not.
+        if let Some(reply) = client.request_with(&set(key.as_bytes(), b"1"), properties, Duration::from_secs(2)).await {
+            assert_eq!(text(&reply.payload), "+OK\r\n", "request {i} after the cut\n{}", cluster.logs());
+            answered += 1;
+        }
+    }
+    assert!(answered >= 20, "the next leader answered only {answered} of 30 writes\n{}", cluster.logs());
+    for gate in links.values() {
+        gate.heal();
+    }
+}
+
 /// The broker forgets a request once the node acknowledges it: a node that acknowledged a
 /// request before sending its response, and then died, would leave it unanswered for good. A
 /// proxy between the node and the broker records the order on the wire.

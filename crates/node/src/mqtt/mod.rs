@@ -307,6 +307,13 @@ impl FrontEnd {
             Body::Command(command_request) => (command_request, command_request.command.is_read()),
         };
         let Some(slot) = self.in_flight.take(request.inbound.client_key()) else {
+            // A leader that has not heard from a quorum lately may have been replaced: the
+            // requests it holds cannot commit, and a refusal from it would overtake the next
+            // leader's answer. It keeps the request as a follower would.
+            if !self.node.leads_with_quorum() {
+                self.follow(request);
+                return;
+            }
             self.respond(
                 &request,
                 200,
@@ -474,7 +481,11 @@ impl FrontEnd {
             }
             // A leader that handed over and then led on (nobody took over) serves again what
             // it kept meanwhile.
-            if self.is_leading() && !self.node.pipeline.refusing() && !self.shadow.lock().unwrap().is_empty() {
+            if self.is_leading()
+                && !self.node.pipeline.refusing()
+                && self.node.leads_with_quorum()
+                && !self.shadow.lock().unwrap().is_empty()
+            {
                 let _ = self.dispatch.send(Dispatch::Gained);
             }
         }
