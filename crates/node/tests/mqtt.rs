@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::broker::Broker;
-use common::gate::Gate;
+use common::gate::{Gate, PeerLinks};
 use common::mqtt::RawClient;
 use common::tap::{Seen, Tap};
 use common::{metric, now_ms, timestamp, Cluster};
@@ -158,25 +158,13 @@ async fn a_leader_cut_off_from_its_peers_leaves_the_answers_to_the_next_leader()
     let broker = Broker::start();
     let mut cluster = Cluster::prepare(3, &[]);
     let ports: std::collections::BTreeMap<u64, u16> = cluster.nodes.iter().map(|(id, node)| (*id, node.port)).collect();
-    let mut links = std::collections::BTreeMap::new();
-    for &from in ports.keys() {
-        for (&to, &port) in &ports {
-            if from != to {
-                links.insert((from, to), Gate::start(port).await);
-            }
-        }
-    }
+    let links = PeerLinks::start(&ports).await;
     for (&id, node) in cluster.nodes.iter_mut() {
-        let routes: Vec<String> = ports
-            .keys()
-            .filter(|to| **to != id)
-            .map(|to| format!("{to}=http://127.0.0.1:{}", links[&(id, *to)].port))
-            .collect();
         node.args = vec![
             "--broker".into(),
             broker.address(),
             "--peer-routes".into(),
-            routes.join(","),
+            links.routes(id),
             "--broker-client-inflight".into(),
             "4".into(),
         ];
@@ -188,11 +176,7 @@ async fn a_leader_cut_off_from_its_peers_leaves_the_answers_to_the_next_leader()
     let leader = cluster.wait_leader().await;
     let client = RawClient::connect(broker.port, "cut-leader").await;
     assert_eq!(client.request(&set(b"cut-before", b"1"), &timestamp()).await.payload, b"+OK\r\n");
-    for ((from, to), gate) in &links {
-        if *from == leader || *to == leader {
-            gate.cut();
-        }
-    }
+    links.cut_off(leader, true);
     let mut answered = 0;
     for i in 0..30 {
         let properties = client.properties(&timestamp());
@@ -204,9 +188,7 @@ async fn a_leader_cut_off_from_its_peers_leaves_the_answers_to_the_next_leader()
         }
     }
     assert!(answered >= 20, "the next leader answered only {answered} of 30 writes\n{}", cluster.logs());
-    for gate in links.values() {
-        gate.heal();
-    }
+    links.cut_off(leader, false);
 }
 
 /// The broker forgets a request once the node acknowledges it: a node that acknowledged a

@@ -45,3 +45,47 @@ impl Gate {
         self.cut.send_replace(false);
     }
 }
+
+/// A gate on every Raft link of a cluster: node `a` reaches node `b` through `links[(a, b)]`.
+pub struct PeerLinks {
+    links: std::collections::BTreeMap<(u64, u64), Gate>,
+}
+
+impl PeerLinks {
+    /// Starts a gate for every ordered pair of the nodes listening on `ports` (id → HTTP port).
+    pub async fn start(ports: &std::collections::BTreeMap<u64, u16>) -> PeerLinks {
+        let mut links = std::collections::BTreeMap::new();
+        for &from in ports.keys() {
+            for (&to, &port) in ports {
+                if from != to {
+                    links.insert((from, to), Gate::start(port).await);
+                }
+            }
+        }
+        PeerLinks { links }
+    }
+
+    /// Node `id`'s `--peer-routes`: every peer through its gate.
+    pub fn routes(&self, id: u64) -> String {
+        let routes: Vec<String> = self
+            .links
+            .iter()
+            .filter(|((from, _), _)| *from == id)
+            .map(|((_, to), gate)| format!("{to}=http://127.0.0.1:{}", gate.port))
+            .collect();
+        routes.join(",")
+    }
+
+    /// Cuts (or heals) every link from and to `node`.
+    pub fn cut_off(&self, node: u64, cut: bool) {
+        for ((from, to), gate) in &self.links {
+            if *from == node || *to == node {
+                if cut {
+                    gate.cut();
+                } else {
+                    gate.heal();
+                }
+            }
+        }
+    }
+}

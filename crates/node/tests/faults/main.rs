@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use checker::{Answer, Call, Op, Token, Verdict};
 use common::broker::Broker;
-use common::gate::Gate;
+use common::gate::{Gate, PeerLinks};
 use common::mqtt::RawClient;
 use common::{timestamp, Cluster};
 use statestore_protocol::{Command, Del, Get, Hlc, Response, Set, SetCondition, StoreError, VDel};
@@ -84,8 +84,8 @@ struct Record {
 struct Rig {
     broker: Broker,
     cluster: Cluster,
-    /// (from, to) → the proxy `from` reaches `to` through.
-    links: BTreeMap<(u64, u64), Gate>,
+    /// The proxies of every Raft link.
+    links: PeerLinks,
     /// node → the proxy it reaches the broker through.
     broker_links: BTreeMap<u64, Gate>,
     http: reqwest::Client,
@@ -96,29 +96,17 @@ impl Rig {
         let broker = Broker::start();
         let mut cluster = Cluster::prepare(NODES, &[]);
         let ports: BTreeMap<u64, u16> = cluster.nodes.iter().map(|(id, node)| (*id, node.port)).collect();
-        let mut links = BTreeMap::new();
-        for &from in ports.keys() {
-            for (&to, &port) in &ports {
-                if from != to {
-                    links.insert((from, to), Gate::start(port).await);
-                }
-            }
-        }
+        let links = PeerLinks::start(&ports).await;
         let mut broker_links = BTreeMap::new();
         for &id in ports.keys() {
             broker_links.insert(id, Gate::start(broker.port).await);
         }
         for (&id, node) in cluster.nodes.iter_mut() {
-            let routes: Vec<String> = ports
-                .keys()
-                .filter(|to| **to != id)
-                .map(|to| format!("{to}=http://127.0.0.1:{}", links[&(id, *to)].port))
-                .collect();
             node.args = vec![
                 "--broker".into(),
                 format!("127.0.0.1:{}", broker_links[&id].port),
                 "--peer-routes".into(),
-                routes.join(","),
+                links.routes(id),
             ];
         }
         for id in 1..=NODES {
@@ -153,15 +141,7 @@ impl Rig {
     }
 
     fn cut_off(&self, node: u64, cut: bool) {
-        for ((from, to), gate) in &self.links {
-            if *from == node || *to == node {
-                if cut {
-                    gate.cut();
-                } else {
-                    gate.heal();
-                }
-            }
-        }
+        self.links.cut_off(node, cut);
     }
 
     /// Injects one fault and heals it; returns when it is healed.
