@@ -149,6 +149,54 @@ async fn a_voter_without_a_broker_that_leads_hands_leadership_over() {
     println!("MQTT answered {} ms after the brokers were reachable", answered.as_millis());
 }
 
+/// A node without its broker does not stand for election, but that must not leave a cluster
+/// whose voters can all talk to each other without a leader: while the broker is gone for
+/// everyone the leader is killed, and one of the two others (neither connected) must take over
+/// and serve `/v1/command`; once the broker is reachable again, MQTT requests are answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_lost_while_the_broker_is_gone_for_everyone_is_replaced() {
+    let broker = Broker::start();
+    let mut cluster = Cluster::prepare(3, &[]);
+    let mut gates = std::collections::BTreeMap::new();
+    for id in 1..=3 {
+        let gate = Gate::start(broker.port).await;
+        cluster.nodes.get_mut(&id).unwrap().args = vec!["--broker".into(), format!("127.0.0.1:{}", gate.port)];
+        gates.insert(id, gate);
+        cluster.spawn(id);
+    }
+    let first = cluster.wait_leader().await;
+    cluster.wait_ready().await;
+    cluster.set_anywhere("before-outage", "1", Duration::from_secs(5)).await;
+
+    for gate in gates.values() {
+        gate.cut();
+    }
+    // Every node has noticed the outage before the leader goes.
+    for id in 1..=3 {
+        let waiting = std::time::Instant::now();
+        while metric(&cluster.metrics(id).await, "statestore_broker_connected") != Some(0.0) {
+            assert!(waiting.elapsed() < Duration::from_secs(10), "node {id} did not notice its broker was gone");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    cluster.kill(first);
+    let killed = std::time::Instant::now();
+    let answer = cluster.set_anywhere("during-outage", "1", Duration::from_secs(10)).await;
+    assert_eq!(answer.response, statestore_protocol::Response::Ok);
+    println!("a new leader wrote {} ms after the kill", killed.elapsed().as_millis());
+
+    for gate in gates.values() {
+        gate.heal();
+    }
+    cluster.spawn(first);
+    let client = RawClient::connect(broker.port, "after-outage").await;
+    first_write_answered(&client, "after-outage").await.unwrap_or_else(|| {
+        panic!("no MQTT request answered within 15 s of the broker coming back\n{}", cluster.logs())
+    });
+    let reply = client.request(&get(b"during-outage"), &timestamp()).await;
+    assert_eq!(reply.payload, b"$1\r\n1\r\n", "the write made during the outage is kept");
+}
+
 /// A leader cut off from its peers keeps its broker and receives every request, but commits
 /// nothing: the answers are the next leader's to give. Once the requests it held had used up a
 /// client's in-flight slots, it answered that client's next requests `too many requests in

@@ -22,9 +22,13 @@
 //! (beyond the bound of [`crate::clocks::PeerClocks`]) does not stand either.
 //!
 //! A node may also be told it must not lead ([`Elector::may_lead`]), e.g. while it cannot reach
-//! the broker its clients talk through: it then never stands, and while it still leads it grants
-//! pre-votes to candidates whose log is as up to date as its own, so that a node that can serve
-//! takes over (the node stops its heartbeats for that).
+//! the broker its clients talk through: it then does not stand, and while it still leads it
+//! grants pre-votes to candidates whose log is as up to date as its own, so that a node that can
+//! serve takes over (the node stops its heartbeats for that). That is a preference, not a
+//! veto: a voter that has known no leader for [`LAST_RESORT_LEASES`] leases stands (with its
+//! pre-vote) even so. Otherwise a cluster whose only voters allowed to lead have shorter logs
+//! than the rest, or a leader lost while the broker is gone for everyone, would leave the
+//! cluster without a leader until a broker came back, though a quorum can talk.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +44,11 @@ use tokio::time::Instant;
 use crate::log_store::LogReader;
 use crate::network::NetworkFactory;
 use crate::types::{LogId, Node, NodeId, Raft, Vote};
+
+/// How many leases a voter that must not lead waits without a leader before it stands anyway.
+/// Long enough that a voter allowed to lead, which stands a lease and an election timeout after
+/// its leader went quiet, wins first whenever one can.
+pub const LAST_RESORT_LEASES: u32 = 10;
 
 /// Where a node answers pre-votes.
 pub const PREVOTE_PATH: &str = "/raft/prevote";
@@ -228,13 +237,24 @@ impl Elector {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut quiet = self.quiet_period();
         let mut next_try = Instant::now();
+        // When this node last led or heard from a leader (or started).
+        let mut leader_known = Instant::now();
         loop {
             ticks.tick().await;
+            let Some(standing) = self.standing().await else { return };
+            if standing.leading {
+                leader_known = Instant::now();
+            } else if let Some(heard) = standing.since_leader.and_then(|since| Instant::now().checked_sub(since)) {
+                leader_known = leader_known.max(heard);
+            }
             if Instant::now() < next_try {
                 continue;
             }
-            let Some(standing) = self.standing().await else { return };
-            if standing.leading || standing.since_leader.is_some_and(|since| since < quiet) || !self.allowed_to_lead() {
+            let last_resort = leader_known.elapsed() >= self.lease * LAST_RESORT_LEASES;
+            if standing.leading
+                || standing.since_leader.is_some_and(|since| since < quiet)
+                || !(self.allowed_to_lead() || last_resort)
+            {
                 continue;
             }
             let (configs, nodes) = self.voters();
@@ -255,7 +275,7 @@ impl Elector {
             if now.leading
                 || now.vote != standing.vote
                 || now.since_leader.is_some_and(|since| since < asked.elapsed())
-                || !self.allowed_to_lead()
+                || !(self.allowed_to_lead() || last_resort)
             {
                 tracing::info!(vote = %now.vote, "won a pre-vote, but another node stood or led since; not standing");
                 continue;
@@ -277,7 +297,14 @@ impl Elector {
                     continue;
                 }
             }
-            tracing::info!(since_leader_ms = ?standing.since_leader.map(|d| d.as_millis()), "won a pre-vote; standing for election");
+            if self.allowed_to_lead() {
+                tracing::info!(since_leader_ms = ?standing.since_leader.map(|d| d.as_millis()), "won a pre-vote; standing for election");
+            } else {
+                tracing::warn!(
+                    leaderless_ms = leader_known.elapsed().as_millis() as u64,
+                    "no leader for {LAST_RESORT_LEASES} leases: standing for election though this node may not lead"
+                );
+            }
             if self.raft.trigger().elect().await.is_err() {
                 return;
             }
