@@ -73,16 +73,8 @@ async fn a_node_without_its_broker_is_not_ready() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leader_that_loses_its_broker_hands_leadership_to_a_connected_node() {
     let broker = Broker::start();
-    let mut cluster = Cluster::prepare(3, &[]);
-    let mut gates = std::collections::BTreeMap::new();
-    for id in 1..=3 {
-        let gate = Gate::start(broker.port).await;
-        cluster.nodes.get_mut(&id).unwrap().args = vec!["--broker".into(), format!("127.0.0.1:{}", gate.port)];
-        gates.insert(id, gate);
-        cluster.spawn(id);
-    }
+    let (cluster, gates) = cluster_with_gated_brokers(&broker).await;
     let first = cluster.wait_leader().await;
-    cluster.wait_ready().await;
     let client = RawClient::connect(broker.port, "broker-cut").await;
     assert_eq!(client.request(&set(b"before-cut", b"1"), &timestamp()).await.payload, b"+OK\r\n");
 
@@ -156,16 +148,8 @@ async fn a_voter_without_a_broker_that_leads_hands_leadership_over() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leader_lost_while_the_broker_is_gone_for_everyone_is_replaced() {
     let broker = Broker::start();
-    let mut cluster = Cluster::prepare(3, &[]);
-    let mut gates = std::collections::BTreeMap::new();
-    for id in 1..=3 {
-        let gate = Gate::start(broker.port).await;
-        cluster.nodes.get_mut(&id).unwrap().args = vec!["--broker".into(), format!("127.0.0.1:{}", gate.port)];
-        gates.insert(id, gate);
-        cluster.spawn(id);
-    }
+    let (mut cluster, gates) = cluster_with_gated_brokers(&broker).await;
     let first = cluster.wait_leader().await;
-    cluster.wait_ready().await;
     cluster.set_anywhere("before-outage", "1", Duration::from_secs(5)).await;
 
     for gate in gates.values() {
@@ -465,6 +449,20 @@ async fn first_write_answered(client: &RawClient, prefix: &str) -> Option<Durati
         }
     }
     None
+}
+
+/// Three nodes, each reaching `broker` through a gate of its own (by node id), started and ready.
+async fn cluster_with_gated_brokers(broker: &Broker) -> (Cluster, std::collections::BTreeMap<u64, Gate>) {
+    let mut cluster = Cluster::prepare(3, &[]);
+    let mut gates = std::collections::BTreeMap::new();
+    for id in 1..=3 {
+        let gate = Gate::start(broker.port).await;
+        cluster.nodes.get_mut(&id).unwrap().args = vec!["--broker".into(), format!("127.0.0.1:{}", gate.port)];
+        gates.insert(id, gate);
+        cluster.spawn(id);
+    }
+    cluster.wait_ready().await;
+    (cluster, gates)
 }
 
 async fn cluster_with_broker() -> (Broker, Cluster) {
