@@ -16,9 +16,11 @@
 //! enrolled again.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rocksdb::DB;
+use statestore_statemachine::StorageError;
 
 use crate::db::{cf, synced, RAFT_META_CF};
 use crate::types::NodeId;
@@ -49,6 +51,48 @@ pub fn incarnation(db: &DB, fresh: bool) -> Result<String, rocksdb::Error> {
     let fresh = random_id();
     db.put_cf_opt(cf(db, RAFT_META_CF), INCARNATION_KEY, fresh.as_bytes(), &synced())?;
     Ok(fresh)
+}
+
+/// What the applied state says of identities: the cluster's name and every enrollment.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct IdentityRecords {
+    pub cluster_id: Option<String>,
+    pub enrollments: BTreeMap<NodeId, String>,
+}
+
+/// The applied [`IdentityRecords`], kept in memory: every Raft message checks them on both
+/// sides, and they change only when an `Enroll` or `NameCluster` entry is applied or a snapshot
+/// is installed, which call [`IdentityMemo::changed`] once their writes are visible.
+#[derive(Debug, Default)]
+pub struct IdentityMemo {
+    /// How many identity changes were applied.
+    changes: AtomicU64,
+    /// The records last read, and the count of changes read before reading them.
+    kept: Mutex<Option<(u64, Arc<IdentityRecords>)>>,
+}
+
+impl IdentityMemo {
+    /// The applied records have changed (or may have): the kept copy is stale.
+    pub fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The kept records, or `read`'s when a change was applied since they were read. The count
+    /// is taken before `read` runs: a change applied meanwhile makes the next call read again.
+    pub fn get(
+        &self,
+        read: impl FnOnce() -> Result<IdentityRecords, StorageError>,
+    ) -> Result<Arc<IdentityRecords>, StorageError> {
+        let changes = self.changes.load(Ordering::Acquire);
+        if let Some((read_at, records)) = &*self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) {
+            if *read_at == changes {
+                return Ok(records.clone());
+            }
+        }
+        let records = Arc::new(read()?);
+        *self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((changes, records.clone()));
+        Ok(records)
+    }
 }
 
 /// This node's identity and what the replicated state says of its peers. Cheap to clone.

@@ -178,6 +178,7 @@ pub fn open(
         log_bytes: shared.log_bytes.clone(),
         installing: shared.installing.clone(),
         damage: shared.damage.clone(),
+        identity: shared.identity.clone(),
     };
     let state = StateStore::new(db, machine, snapshots, metrics, applied_requests, shared);
     Ok(NodeStorage { log, state, reader, incarnation })
@@ -194,6 +195,7 @@ pub struct StateReader {
     log_bytes: Arc<LogBytes>,
     installing: Arc<AtomicBool>,
     damage: Arc<DamageReport>,
+    identity: Arc<identity::IdentityMemo>,
 }
 
 /// The identities of the client requests one apply call applied, in log order.
@@ -260,19 +262,31 @@ impl StateReader {
         &self.log_bytes
     }
 
+    /// The cluster's name and every enrollment, as applied here; read from the tables only
+    /// after an apply or an install changed them ([`identity::IdentityMemo`]).
+    pub fn identity_records(&self) -> Result<Arc<identity::IdentityRecords>, StorageError> {
+        let tables = db::Tables { db: &self.db };
+        self.checked(self.identity.get(|| {
+            Ok(identity::IdentityRecords {
+                cluster_id: statestore_statemachine::meta::cluster_id(&tables)?,
+                enrollments: statestore_statemachine::meta::enrollments(&tables)?,
+            })
+        }))
+    }
+
     /// The cluster's name, once applied here.
     pub fn cluster_id(&self) -> Result<Option<String>, StorageError> {
-        self.checked(statestore_statemachine::meta::cluster_id(&db::Tables { db: &self.db }))
+        Ok(self.identity_records()?.cluster_id.clone())
     }
 
     /// The storage incarnation enrolled for member `node`.
     pub fn enrolled(&self, node: NodeId) -> Result<Option<String>, StorageError> {
-        self.checked(statestore_statemachine::meta::enrolled(&db::Tables { db: &self.db }, node))
+        Ok(self.identity_records()?.enrollments.get(&node).cloned())
     }
 
     /// Every enrolled member's storage incarnation.
     pub fn enrollments(&self) -> Result<BTreeMap<NodeId, String>, StorageError> {
-        self.checked(statestore_statemachine::meta::enrollments(&db::Tables { db: &self.db }))
+        Ok(self.identity_records()?.enrollments.clone())
     }
 
     /// The last committed log index this node knows of (0 before the first).
