@@ -2,6 +2,7 @@
 //! lookups and prefix scans, written as one atomic batch per apply. RocksDB implements it with
 //! one column family per table; [`MemStorage`] implements it for tests.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
@@ -109,11 +110,15 @@ fn range<'m, V>(
 pub struct Overlay<'a, S: StorageRead + ?Sized> {
     base: &'a S,
     writes: BTreeMap<(Table, Vec<u8>), Option<Vec<u8>>>,
+    /// What the base held for the meta keys read so far. A few meta records (the clock, the
+    /// counters) are read by every entry of a batch; the base does not change while the
+    /// overlay lives, and a write of the overlay is looked up before this.
+    meta_reads: RefCell<BTreeMap<Vec<u8>, Option<Vec<u8>>>>,
 }
 
 impl<'a, S: StorageRead + ?Sized> Overlay<'a, S> {
     pub fn new(base: &'a S) -> Self {
-        Overlay { base, writes: BTreeMap::new() }
+        Overlay { base, writes: BTreeMap::new(), meta_reads: RefCell::default() }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -128,10 +133,18 @@ impl<'a, S: StorageRead + ?Sized> Overlay<'a, S> {
 
 impl<S: StorageRead + ?Sized> StorageRead for Overlay<'_, S> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        match self.writes.get(&(table, key.to_vec())) {
-            Some(write) => Ok(write.clone()),
-            None => self.base.get(table, key),
+        if let Some(write) = self.writes.get(&(table, key.to_vec())) {
+            return Ok(write.clone());
         }
+        if table != Table::Meta {
+            return self.base.get(table, key);
+        }
+        if let Some(read) = self.meta_reads.borrow().get(key) {
+            return Ok(read.clone());
+        }
+        let read = self.base.get(table, key)?;
+        self.meta_reads.borrow_mut().insert(key.to_vec(), read.clone());
+        Ok(read)
     }
 
     fn scan(&self, table: Table, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Result<ScanPage, StorageError> {

@@ -56,3 +56,56 @@ proptest! {
         prop_assert_eq!(storage, committed);
     }
 }
+
+/// One step of a transaction: a point read, a write or a delete.
+#[derive(Debug, Clone)]
+enum Step {
+    Get(Table, Vec<u8>),
+    Put(Table, Vec<u8>, Vec<u8>),
+    Delete(Table, Vec<u8>),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (table(), key()).prop_map(|(t, k)| Step::Get(t, k)),
+        (table(), key(), key()).prop_map(|(t, k, v)| Step::Put(t, k, v)),
+        (table(), key()).prop_map(|(t, k)| Step::Delete(t, k)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(config(1000))]
+
+    /// Reads between writes (the overlay keeps what it read of the meta table) see every
+    /// earlier write of the transaction and nothing else.
+    #[test]
+    fn reads_between_writes_see_exactly_the_earlier_writes(
+        base in prop::collection::vec((table(), key(), key()), 0..40),
+        steps in prop::collection::vec(step(), 1..60),
+    ) {
+        let mut storage = MemStorage::new();
+        storage
+            .write(Batch { writes: base.into_iter().map(|(t, k, v)| (t, k, Some(v))).collect() })
+            .unwrap();
+        let mut reference = storage.clone();
+        let mut overlay = Overlay::new(&storage);
+        for step in steps {
+            match step {
+                Step::Get(table, key) => {
+                    prop_assert_eq!(overlay.get(table, &key).unwrap(), reference.get(table, &key).unwrap());
+                }
+                Step::Put(table, key, value) => {
+                    overlay.put(table, key.clone(), value.clone());
+                    reference.write(Batch { writes: vec![(table, key, Some(value))] }).unwrap();
+                }
+                Step::Delete(table, key) => {
+                    overlay.delete(table, key.clone());
+                    reference.write(Batch { writes: vec![(table, key, None)] }).unwrap();
+                }
+            }
+        }
+        let batch = overlay.into_batch();
+        storage.write(batch).unwrap();
+        prop_assert_eq!(storage, reference);
+    }
+}
