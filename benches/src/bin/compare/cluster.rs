@@ -256,13 +256,18 @@ impl StatestoreCluster {
     /// adds it as a learner through the leader's `POST /cluster/learners`; returns its index once
     /// the leader reports it caught up.
     pub async fn add_learner(&mut self) -> anyhow::Result<usize> {
+        // Asked before the new node starts: a node that knows no leader yet makes the members
+        // disagree.
+        let leader = self
+            .wait_for_leader(Instant::now() + RESTART_TIMEOUT)
+            .await
+            .context("no leader to add a learner through")?;
         let id = self.nodes.len() as u64 + 1;
         let port = statestore_benches::free_port();
         let parent = self.nodes[0].data_dir.parent().context("the nodes' data directory")?.to_path_buf();
         let data_dir = parent.join(format!("node-{id}"));
         let process = self.spawn(id, port, &data_dir)?;
         self.nodes.push(Node { id, port, data_dir, process });
-        let leader = self.leader().await.context("no leader to add a learner through")?;
         let body = serde_json::json!({
             "id": id,
             "address": format!("http://127.0.0.1:{port}"),
