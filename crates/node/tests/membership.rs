@@ -70,6 +70,36 @@ async fn a_node_that_missed_purged_log_catches_up_from_a_snapshot_and_restarts_w
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_receives_a_snapshot_of_many_chunks_whole() {
+    // About 12 MiB of state: the snapshot goes out in several 3 MiB chunks, and the receiver
+    // syncs what it received every 4 MiB, so both boundaries are crossed several times.
+    let mut cluster = Cluster::start(3, SNAPSHOT_OFTEN).await;
+    let mut written = Vec::new();
+    for i in 0..48 {
+        let key = format!("large-{i}");
+        let value = format!("{i:04}").repeat(64 * 1024);
+        let answer = cluster.set_anywhere(&key, &value, DEADLINE).await;
+        written.push((key, value, answer.version.unwrap()));
+    }
+    let leader = cluster.wait_leader().await;
+    wait_purged_past(&cluster, leader, 1).await;
+
+    cluster.start_new_node(4);
+    let added = cluster.add_learner(leader, 4).send().await.unwrap();
+    assert_eq!(added.status(), 200, "{}", added.text().await.unwrap());
+    let applied = cluster.status(leader).await.unwrap()["applied_index"].as_u64().unwrap();
+    cluster.wait_applied(4, applied).await;
+    let metrics = cluster.metrics(4).await;
+    let installed = metric(&metrics, "statestore_snapshots_total{kind=\"installed\"}").unwrap_or(0.0);
+    assert!(installed >= 1.0, "node 4 caught up without installing a snapshot:\n{metrics}");
+    for (key, value, version) in &written {
+        let local = cluster.get_local(4, key).await.unwrap();
+        assert_eq!(local.response, Response::Value(value.clone().into_bytes()), "{key} on node 4");
+        assert_eq!(local.version.as_ref(), Some(version), "{key} on node 4");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learner_joins_a_loaded_cluster_is_promoted_and_a_member_is_removed() {
     let mut cluster = Cluster::start(3, SNAPSHOT_OFTEN).await;
     let mut written = write_keys(&cluster, "load", 120).await;
