@@ -81,7 +81,12 @@ async fn a_learner_receives_a_snapshot_of_many_chunks_whole() {
         let answer = cluster.set_anywhere(&key, &value, DEADLINE).await;
         written.push((key, value, answer.version.unwrap()));
     }
+    // The leader snapshots all of it (its own threshold depends on its id) and purges its log.
     let leader = cluster.wait_leader().await;
+    let applied = cluster.status(leader).await.unwrap()["applied_index"].as_u64().unwrap();
+    let response = cluster.http.post(format!("{}/cluster/snapshot", cluster.url(leader))).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 202);
+    cluster.wait_snapshot_covering(leader, applied).await;
     wait_purged_past(&cluster, leader, 1).await;
 
     cluster.start_new_node(4);
