@@ -131,7 +131,18 @@ impl PeerIdentity {
 
     /// Whether checks wait for the restored cluster's new name.
     pub fn suspended(&self) -> bool {
-        self.restored_from.as_ref().is_some_and(|from| *from == self.cluster_id())
+        self.suspended_at(self.cluster_id().as_deref())
+    }
+
+    /// Whether checks wait for the restored cluster's new name, the cluster being named `ours`.
+    fn suspended_at(&self, ours: Option<&str>) -> bool {
+        self.restored_from.as_ref().is_some_and(|from| from.as_deref() == ours)
+    }
+
+    /// The cluster's name and every enrollment as applied here, if they can be read: one read
+    /// for everything a message is stamped or checked with.
+    pub fn records(&self) -> Option<Arc<IdentityRecords>> {
+        self.reader.identity_records().ok()
     }
 
     /// The cluster's name, when this node has applied it.
@@ -169,10 +180,12 @@ impl PeerIdentity {
         if let Some(incarnation) = claims.incarnation {
             self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(peer, incarnation.to_string());
         }
-        if self.suspended() {
+        let records = self.records();
+        let ours = records.as_ref().and_then(|records| records.cluster_id.as_deref());
+        if self.suspended_at(ours) {
             return Ok(());
         }
-        if let (Some(theirs), Some(ours)) = (claims.cluster, self.cluster_id()) {
+        if let (Some(theirs), Some(ours)) = (claims.cluster, ours) {
             if theirs != ours {
                 return Err(format!("node {peer} belongs to cluster {theirs}, node {} to cluster {ours}", self.me));
             }
@@ -184,7 +197,7 @@ impl PeerIdentity {
             ));
         }
         let Some(incarnation) = claims.incarnation else { return Ok(()) };
-        match self.enrolled(peer) {
+        match records.as_ref().and_then(|records| records.enrollments.get(&peer)) {
             Some(enrolled) if enrolled != incarnation => Err(format!(
                 "node {peer}'s storage is incarnation {incarnation}, but {enrolled} is enrolled: its data directory was replaced, or another node uses its id; remove node {peer} and add it back as a new learner"
             )),

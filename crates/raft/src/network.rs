@@ -115,10 +115,11 @@ fn stamp(builder: reqwest::RequestBuilder, checks: &Option<PeerChecks>, target: 
         builder.header(FROM_HEADER, checks.me.to_string()).header(CLOCK_HEADER, wall_clock_ms().to_string());
     if let Some(identity) = &checks.identity {
         builder = builder.header(INCARNATION_HEADER, &identity.incarnation);
-        if let Some(cluster) = identity.cluster_id() {
+        let records = identity.records();
+        if let Some(cluster) = records.as_ref().and_then(|records| records.cluster_id.as_ref()) {
             builder = builder.header(CLUSTER_HEADER, cluster);
         }
-        if let Some(expected) = identity.enrolled(target) {
+        if let Some(expected) = records.as_ref().and_then(|records| records.enrollments.get(&target)) {
             builder = builder.header(EXPECTED_HEADER, expected);
         }
     }
