@@ -290,10 +290,26 @@ impl ConnectionTask {
                     }
                 },
                 outbound = self.outbound.recv(), if room => match outbound {
-                    Some(outbound) => self.hand_over(outbound),
+                    Some(outbound) => {
+                        self.hand_over(outbound);
+                        self.hand_over_queued();
+                    }
                     None => return,
                 },
             }
+        }
+    }
+
+    /// Hands over what else is queued already, up to [`MAX_WRITE_BATCH`] in all, while there is
+    /// room: rumqttc then writes it in one flush. Handed over one per turn of the loop, each
+    /// publish and acknowledgement went out in a write of its own.
+    fn hand_over_queued(&mut self) {
+        for _ in 1..MAX_WRITE_BATCH {
+            if self.stash.is_some() || self.awaiting_id.len() >= self.window {
+                break;
+            }
+            let Ok(queued) = self.outbound.try_recv() else { break };
+            self.hand_over(queued);
         }
     }
 
