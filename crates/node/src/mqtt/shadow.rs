@@ -9,10 +9,14 @@
 //! are named by the apply feed and found by identity; old entries leave from the front of the
 //! arrival queue; only requests still unsettled after [`LOOKUP_AFTER`] are looked up in the
 //! dedup table (a feed that lagged, a snapshot install), at most [`LOOKUPS_PER_SETTLE`] a time.
+//! A request is held once: the queue holds it by arrival, the index only its place, hashed from
+//! the request's own response topic and correlation data.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, RandomState};
 use std::time::{Duration, Instant};
 
+use hashbrown::HashTable;
 use rumqttc::v5::mqttbytes::v5::Publish;
 use statestore_statemachine::RequestIdentity;
 
@@ -29,6 +33,13 @@ pub struct Shadowed {
     pub acked: bool,
     /// When this node saw the write applied.
     pub applied_at: Option<Instant>,
+}
+
+impl Shadowed {
+    /// (response topic, correlation data), borrowed; `None` without correlation data.
+    fn identity(&self) -> Option<(&str, &[u8])> {
+        Some((&self.inbound.response_topic, self.inbound.correlation_data.as_deref()?))
+    }
 }
 
 /// A write not seen applied for this long is looked up in the dedup table.
@@ -50,11 +61,16 @@ pub struct Shadow {
     /// When a write was last seen applied: writes seen applied more than [`REANSWER_WINDOW`]
     /// before it are no longer needed.
     last_applied: Option<Instant>,
-    order: VecDeque<(u64, RequestIdentity)>,
-    /// Writes not yet seen applied, in arrival order (with slots of settled ones, skipped).
-    unsettled: VecDeque<(u64, RequestIdentity)>,
-    entries: HashMap<RequestIdentity, (u64, Shadowed)>,
-    next: u64,
+    /// The arrival number of `queue[0]`.
+    first: u64,
+    /// Requests by arrival number (minus `first`); `None`: replaced by a redelivery.
+    queue: VecDeque<Option<Shadowed>>,
+    /// Arrival numbers of writes not yet seen applied, in order (settled ones are skipped).
+    unsettled: VecDeque<u64>,
+    /// The arrival number of every held request, hashed by its identity with `hasher`.
+    index: HashTable<u64>,
+    /// Randomly keyed: identities are chosen by clients.
+    hasher: RandomState,
 }
 
 impl Shadow {
@@ -62,35 +78,49 @@ impl Shadow {
         Shadow {
             capacity,
             last_applied: None,
-            order: VecDeque::new(),
+            first: 0,
+            queue: VecDeque::new(),
             unsettled: VecDeque::new(),
-            entries: HashMap::new(),
-            next: 0,
+            index: HashTable::new(),
+            hasher: RandomState::new(),
         }
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.index.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.index.is_empty()
     }
 
     /// Keeps `request`; a redelivery replaces the earlier copy. Returns what no longer fits
     /// (oldest first), and the earlier copy of a redelivered request: acknowledge those.
     pub fn insert(&mut self, request: Shadowed) -> Vec<Shadowed> {
-        let Some(identity) = request.inbound.identity() else { return vec![request] };
+        let Some(identity) = request.identity() else { return vec![request] };
+        let hash = self.hasher.hash_one(identity);
+        let seq = self.first + self.queue.len() as u64;
         let mut out = Vec::new();
-        self.next += 1;
+        let (first, queue) = (self.first, &mut self.queue);
+        match self.index.find_mut(hash, |&held| held_identity(queue, first, held) == Some(identity)) {
+            Some(held) => {
+                if let Some(earlier) = queue.get_mut((*held - first) as usize).and_then(Option::take) {
+                    out.push(earlier);
+                }
+                *held = seq;
+            }
+            None => {
+                let hasher = &self.hasher;
+                self.index.insert_unique(hash, seq, |&held| {
+                    hasher.hash_one(held_identity(queue, first, held).expect("indexed requests are held"))
+                });
+            }
+        }
         if !request.acked {
-            self.unsettled.push_back((self.next, identity.clone()));
+            self.unsettled.push_back(seq);
         }
-        if let Some((_, earlier)) = self.entries.insert(identity.clone(), (self.next, request)) {
-            out.push(earlier);
-        }
-        self.order.push_back((self.next, identity));
-        while self.entries.len() > self.capacity {
+        self.queue.push_back(Some(request));
+        while self.index.len() > self.capacity {
             if let Some(oldest) = self.pop_oldest() {
                 out.push(oldest);
             }
@@ -110,12 +140,13 @@ impl Shadow {
     ) -> Settled {
         let mut settled = Settled::default();
         for identity in applied {
-            if let Some((_, shadowed)) = self.entries.get_mut(identity) {
+            let Some(seq) = self.find(identity) else { continue };
+            if let Some(shadowed) = self.get_mut(seq) {
                 if !shadowed.acked {
                     shadowed.acked = true;
                     shadowed.applied_at = Some(now);
-                    self.last_applied = Some(now);
                     settled.applied.push(shadowed.receipt.clone());
+                    self.last_applied = Some(now);
                 }
             }
         }
@@ -123,47 +154,44 @@ impl Shadow {
         let mut lookups = 0;
         let mut still_unsettled = Vec::new();
         while lookups < LOOKUPS_PER_SETTLE {
-            let Some((seq, identity)) = self.unsettled.pop_front() else { break };
-            let Some((current, shadowed)) = self.entries.get_mut(&identity) else { continue };
-            if *current != seq || shadowed.acked {
+            let Some(seq) = self.unsettled.pop_front() else { break };
+            let Some(shadowed) = self.get_mut(seq) else { continue };
+            if shadowed.acked {
                 continue;
             }
             if now.duration_since(shadowed.received) < LOOKUP_AFTER {
-                self.unsettled.push_front((seq, identity));
+                self.unsettled.push_front(seq);
                 break;
             }
             lookups += 1;
+            let identity = shadowed.inbound.identity().expect("only requests with an identity are held");
             if lookup(&identity) {
                 shadowed.acked = true;
                 shadowed.applied_at = Some(now);
-                self.last_applied = Some(now);
                 settled.applied.push(shadowed.receipt.clone());
+                self.last_applied = Some(now);
             } else {
-                still_unsettled.push((seq, identity));
+                still_unsettled.push(seq);
             }
         }
-        for slot in still_unsettled.into_iter().rev() {
-            self.unsettled.push_front(slot);
+        for seq in still_unsettled.into_iter().rev() {
+            self.unsettled.push_front(seq);
         }
-        while let Some((seq, identity)) = self.order.front() {
-            let gone = match self.entries.get(identity) {
-                Some((current, shadowed)) if current == seq => {
+        loop {
+            let gone = match self.queue.front() {
+                None => break,
+                Some(None) => true,
+                Some(Some(shadowed)) => {
                     shadowed.inbound.expired(now)
                         || now.duration_since(shadowed.received) >= UNBOUNDED_KEEP
                         || (shadowed.acked && !needed_by_a_new_leader(shadowed, self.last_applied, now))
-                }
-                _ => {
-                    self.order.pop_front();
-                    continue;
                 }
             };
             if !gone {
                 break;
             }
-            if let Some((_, identity)) = self.order.pop_front() {
-                if let Some((_, shadowed)) = self.entries.remove(&identity) {
-                    settled.forgotten.push(shadowed);
-                }
+            if let Some(shadowed) = self.pop_front() {
+                settled.forgotten.push(shadowed);
             }
         }
         self.compact();
@@ -196,37 +224,67 @@ impl Shadow {
 
     /// Everything, in arrival order.
     pub fn drain(&mut self) -> Vec<Shadowed> {
-        let mut out = Vec::with_capacity(self.entries.len());
-        while let Some(next) = self.pop_oldest() {
-            out.push(next);
-        }
-        self.order.clear();
+        self.first += self.queue.len() as u64;
+        let out: Vec<Shadowed> = self.queue.drain(..).flatten().collect();
+        self.index.clear();
         self.unsettled.clear();
         out
     }
 
+    /// The arrival number of the request held under `identity`.
+    fn find(&self, identity: &RequestIdentity) -> Option<u64> {
+        let identity = (identity.response_topic.as_str(), identity.correlation_data.as_slice());
+        let hash = self.hasher.hash_one(identity);
+        self.index.find(hash, |&held| held_identity(&self.queue, self.first, held) == Some(identity)).copied()
+    }
+
+    fn get_mut(&mut self, seq: u64) -> Option<&mut Shadowed> {
+        let at = usize::try_from(seq.checked_sub(self.first)?).ok()?;
+        self.queue.get_mut(at)?.as_mut()
+    }
+
+    /// The oldest request, which leaves.
     fn pop_oldest(&mut self) -> Option<Shadowed> {
-        while let Some((seq, identity)) = self.order.pop_front() {
-            if self.entries.get(&identity).is_some_and(|(current, _)| *current == seq) {
-                return self.entries.remove(&identity).map(|(_, s)| s);
+        while !self.queue.is_empty() {
+            if let Some(shadowed) = self.pop_front() {
+                return Some(shadowed);
             }
         }
         None
     }
 
-    /// Drops order slots of entries that left, once they outnumber the live ones.
-    fn compact(&mut self) {
-        if self.order.len() > 2 * self.entries.len() + 64 {
-            let entries = &self.entries;
-            self.order.retain(|(seq, identity)| entries.get(identity).is_some_and(|(current, _)| current == seq));
+    /// Takes the front slot out of the queue and its request out of the index.
+    fn pop_front(&mut self) -> Option<Shadowed> {
+        let seq = self.first;
+        let slot = self.queue.pop_front()?;
+        self.first += 1;
+        let shadowed = slot?;
+        if let Some(identity) = shadowed.identity() {
+            let hash = self.hasher.hash_one(identity);
+            if let Ok(entry) = self.index.find_entry(hash, |&held| held == seq) {
+                entry.remove();
+            }
         }
-        if self.unsettled.len() > 2 * self.entries.len() + 64 {
-            let entries = &self.entries;
-            self.unsettled.retain(|(seq, identity)| {
-                entries.get(identity).is_some_and(|(current, shadowed)| current == seq && !shadowed.acked)
+        Some(shadowed)
+    }
+
+    /// Drops arrival numbers of writes that were settled or left, once they outnumber the
+    /// requests held.
+    fn compact(&mut self) {
+        if self.unsettled.len() > 2 * self.index.len() + 64 {
+            let (first, queue) = (self.first, &self.queue);
+            self.unsettled.retain(|&seq| {
+                seq.checked_sub(first)
+                    .and_then(|at| queue.get(at as usize))
+                    .is_some_and(|slot| slot.as_ref().is_some_and(|shadowed| !shadowed.acked))
             });
         }
     }
+}
+
+/// The identity of the request with arrival number `seq`, if it is still held.
+fn held_identity(queue: &VecDeque<Option<Shadowed>>, first: u64, seq: u64) -> Option<(&str, &[u8])> {
+    queue.get(usize::try_from(seq.checked_sub(first)?).ok()?)?.as_ref()?.identity()
 }
 
 /// What a new leader does with the shadow ([`Shadow::take_over`]).
@@ -387,6 +445,29 @@ mod tests {
     }
 
     #[test]
+    fn the_index_follows_redeliveries_and_evictions() {
+        let now = Instant::now();
+        let mut shadow = Shadow::new(50);
+        let mut handed_back = 0;
+        // 300 arrivals of 70 identities: each is redelivered several times, and the oldest are
+        // evicted past 50.
+        for n in 0..300u32 {
+            handed_back += shadow.insert(set((n % 70) as u8, now)).len();
+            assert!(shadow.len() <= 50);
+        }
+        assert_eq!(handed_back, 250, "every arrival but the 50 held was handed back once");
+        let held: Vec<u8> =
+            shadow.queue.iter().flatten().map(|s| s.inbound.correlation_data.as_ref().unwrap()[0]).collect();
+        let expected: Vec<u8> = (250..300u32).map(|n| (n % 70) as u8).collect();
+        assert_eq!(held, expected, "the newest copy of each, in arrival order");
+        let identities: Vec<RequestIdentity> = (0..70).map(|c| set(c, now).inbound.identity().unwrap()).collect();
+        let settled = shadow.settle(now, &identities, |_| panic!("everything held is named by the feed"));
+        assert_eq!(settled.applied.len(), 50, "every held request is found by its identity");
+        assert_eq!(correlations(&shadow.drain()), expected);
+        assert!(shadow.is_empty() && shadow.find(&identities[0]).is_none());
+    }
+
+    #[test]
     fn expired_requests_and_old_reads_settle_without_being_applied() {
         let now = Instant::now();
         let mut shadow = Shadow::new(10);
@@ -423,7 +504,8 @@ mod tests {
         assert_eq!(lookups, LOOKUPS_PER_SETTLE);
         assert!(settled.applied.is_empty() && settled.forgotten.is_empty());
         assert_eq!(shadow.unsettled.len(), 20_000, "what was looked up keeps its place");
-        let applied: Vec<RequestIdentity> = shadow.entries.keys().cloned().collect();
+        let applied: Vec<RequestIdentity> =
+            shadow.queue.iter().flatten().filter_map(|s| s.inbound.identity()).collect();
         shadow.settle(now + LOOKUP_AFTER, &applied, |_| panic!("everything was applied"));
         assert!(shadow.unsettled.is_empty(), "settled slots leave the unsettled queue");
     }
