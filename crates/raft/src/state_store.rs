@@ -134,19 +134,21 @@ impl RaftStateMachine<TypeConfig> for StateStore {
             let applied = match entry.payload {
                 EntryPayload::Blank => Vec::new(),
                 EntryPayload::Normal(proposal) => {
-                    identities.extend(proposal.entries.iter().filter_map(|entry| match &entry.operation {
-                        Operation::Request(request) => request.identity.clone(),
-                        _ => None,
-                    }));
                     identity_changed |= proposal.entries.iter().any(|entry| {
                         matches!(entry.operation, Operation::Enroll { .. } | Operation::NameCluster { .. })
                     });
-                    proposal
+                    let applied = proposal
                         .entries
                         .iter()
                         .map(|entry| self.machine.apply(&mut overlay, entry))
                         .collect::<Result<_, _>>()
-                        .map_err(write_error)?
+                        .map_err(write_error)?;
+                    // The entries are applied: their identities move to the feed, uncopied.
+                    identities.extend(proposal.entries.into_iter().filter_map(|entry| match entry.operation {
+                        Operation::Request(request) => request.identity,
+                        _ => None,
+                    }));
+                    applied
                 }
                 EntryPayload::Membership(config) => {
                     membership = Some(StoredMembership::new(Some(entry.log_id), config));

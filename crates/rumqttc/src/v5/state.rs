@@ -1,5 +1,5 @@
 use super::mqttbytes::v5::{
-    ConnAck, ConnectReturnCode, Disconnect, DisconnectReasonCode, Packet, PingReq, PubAck,
+    ConnAck, ConnectReturnCode, Disconnect, DisconnectReasonCode, Packet, PingReq, PingResp, PubAck,
     PubAckReason, PubComp, PubCompReason, PubRec, PubRecReason, PubRel, PubRelReason, Publish,
     SubAck, Subscribe, SubscribeReasonCode, UnsubAck, UnsubAckReason, Unsubscribe,
 };
@@ -203,24 +203,29 @@ impl MqttState {
         &mut self,
         mut packet: Incoming,
     ) -> Result<Option<Packet>, StateError> {
-        self.events.push_back(Event::Incoming(packet.to_owned()));
+        // The incoming event goes before the events its handling adds; its slot is taken now
+        // and filled with the packet itself afterwards, instead of with a copy made before.
+        let slot = self.events.len();
+        self.events.push_back(Event::Incoming(Incoming::PingResp(PingResp)));
 
         let outgoing = match &mut packet {
-            Incoming::PingResp(_) => self.handle_incoming_pingresp()?,
-            Incoming::Publish(publish) => self.handle_incoming_publish(publish)?,
-            Incoming::SubAck(suback) => self.handle_incoming_suback(suback)?,
-            Incoming::UnsubAck(unsuback) => self.handle_incoming_unsuback(unsuback)?,
-            Incoming::PubAck(puback) => self.handle_incoming_puback(puback)?,
-            Incoming::PubRec(pubrec) => self.handle_incoming_pubrec(pubrec)?,
-            Incoming::PubRel(pubrel) => self.handle_incoming_pubrel(pubrel)?,
-            Incoming::PubComp(pubcomp) => self.handle_incoming_pubcomp(pubcomp)?,
-            Incoming::ConnAck(connack) => self.handle_incoming_connack(connack)?,
-            Incoming::Disconnect(disconn) => self.handle_incoming_disconn(disconn)?,
+            Incoming::PingResp(_) => self.handle_incoming_pingresp(),
+            Incoming::Publish(publish) => self.handle_incoming_publish(publish),
+            Incoming::SubAck(suback) => self.handle_incoming_suback(suback),
+            Incoming::UnsubAck(unsuback) => self.handle_incoming_unsuback(unsuback),
+            Incoming::PubAck(puback) => self.handle_incoming_puback(puback),
+            Incoming::PubRec(pubrec) => self.handle_incoming_pubrec(pubrec),
+            Incoming::PubRel(pubrel) => self.handle_incoming_pubrel(pubrel),
+            Incoming::PubComp(pubcomp) => self.handle_incoming_pubcomp(pubcomp),
+            Incoming::ConnAck(connack) => self.handle_incoming_connack(connack),
+            Incoming::Disconnect(disconn) => self.handle_incoming_disconn(disconn),
             _ => {
                 error!("Invalid incoming packet = {:?}", packet);
-                return Err(StateError::WrongPacket);
+                Err(StateError::WrongPacket)
             }
         };
+        self.events[slot] = Event::Incoming(packet);
+        let outgoing = outgoing?;
 
         self.last_incoming = Instant::now();
         Ok(outgoing)
