@@ -21,7 +21,16 @@ fn main() -> anyhow::Result<()> {
     if let Some(threads) = config.worker_threads {
         runtime.worker_threads(threads);
     }
-    runtime.enable_all().build().context("starting the async runtime")?.block_on(serve(config))
+    let runtime = runtime.enable_all().build().context("starting the async runtime")?;
+    // The node runs as a task on the workers, not on this thread: a future driven by `block_on`
+    // is woken through a futex, and the node's watchers of Raft's metrics are woken on every
+    // change of them, thousands of times a second under load.
+    let node = runtime.spawn(serve(config));
+    match runtime.block_on(node) {
+        Ok(result) => result,
+        Err(stopped) if stopped.is_panic() => std::panic::resume_unwind(stopped.into_panic()),
+        Err(stopped) => Err(stopped).context("the node's task was cancelled"),
+    }
 }
 
 async fn serve(config: NodeConfig) -> anyhow::Result<()> {
