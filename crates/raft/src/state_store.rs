@@ -134,9 +134,6 @@ impl RaftStateMachine<TypeConfig> for StateStore {
             let applied = match entry.payload {
                 EntryPayload::Blank => Vec::new(),
                 EntryPayload::Normal(proposal) => {
-                    identity_changed |= proposal.entries.iter().any(|entry| {
-                        matches!(entry.operation, Operation::Enroll { .. } | Operation::NameCluster { .. })
-                    });
                     let applied = proposal
                         .entries
                         .iter()
@@ -144,10 +141,13 @@ impl RaftStateMachine<TypeConfig> for StateStore {
                         .collect::<Result<_, _>>()
                         .map_err(write_error)?;
                     // The entries are applied: their identities move to the feed, uncopied.
-                    identities.extend(proposal.entries.into_iter().filter_map(|entry| match entry.operation {
-                        Operation::Request(request) => request.identity,
-                        _ => None,
-                    }));
+                    for entry in proposal.entries {
+                        match entry.operation {
+                            Operation::Request(request) => identities.extend(request.identity),
+                            Operation::Enroll { .. } | Operation::NameCluster { .. } => identity_changed = true,
+                            _ => {}
+                        }
+                    }
                     applied
                 }
                 EntryPayload::Membership(config) => {

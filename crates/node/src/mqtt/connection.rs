@@ -270,7 +270,7 @@ impl ConnectionTask {
         loop {
             self.flush_stash();
             self.subscribe_at_role_qos();
-            let room = self.stash.is_none() && self.awaiting_id.len() < self.window;
+            let room = self.has_room();
             tokio::select! {
                 _ = async { tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)).await }, if retry_at.is_some() => {
                     retry_at = None;
@@ -305,12 +305,18 @@ impl ConnectionTask {
     /// publish and acknowledgement went out in a write of its own.
     fn hand_over_queued(&mut self) {
         for _ in 1..MAX_WRITE_BATCH {
-            if self.stash.is_some() || self.awaiting_id.len() >= self.window {
+            if !self.has_room() {
                 break;
             }
             let Ok(queued) = self.outbound.try_recv() else { break };
             self.hand_over(queued);
         }
+    }
+
+    /// Whether rumqttc may take another publish or acknowledgement: nothing is stashed and the
+    /// publish window is not full.
+    fn has_room(&self) -> bool {
+        self.stash.is_none() && self.awaiting_id.len() < self.window
     }
 
     fn hand_over(&mut self, queued: Queued) {

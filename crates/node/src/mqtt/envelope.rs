@@ -165,10 +165,16 @@ impl Inbound {
 
     /// (response topic, correlation data): the same pair again is the same request.
     pub fn identity(&self) -> Option<RequestIdentity> {
+        let (response_topic, correlation_data) = self.identity_parts()?;
         Some(RequestIdentity {
-            response_topic: self.response_topic.clone(),
-            correlation_data: self.correlation_data.as_ref()?.to_vec(),
+            response_topic: response_topic.to_string(),
+            correlation_data: correlation_data.to_vec(),
         })
+    }
+
+    /// The parts of [`Inbound::identity`], borrowed; `None` without correlation data.
+    pub fn identity_parts(&self) -> Option<(&str, &[u8])> {
+        Some((&self.response_topic, self.correlation_data.as_deref()?))
     }
 
     /// Whether the client has stopped waiting at `now`.

@@ -35,13 +35,6 @@ pub struct Shadowed {
     pub applied_at: Option<Instant>,
 }
 
-impl Shadowed {
-    /// (response topic, correlation data), borrowed; `None` without correlation data.
-    fn identity(&self) -> Option<(&str, &[u8])> {
-        Some((&self.inbound.response_topic, self.inbound.correlation_data.as_deref()?))
-    }
-}
-
 /// A write not seen applied for this long is looked up in the dedup table.
 pub const LOOKUP_AFTER: Duration = Duration::from_secs(1);
 /// Most dedup lookups one settle makes.
@@ -97,7 +90,7 @@ impl Shadow {
     /// Keeps `request`; a redelivery replaces the earlier copy. Returns what no longer fits
     /// (oldest first), and the earlier copy of a redelivered request: acknowledge those.
     pub fn insert(&mut self, request: Shadowed) -> Vec<Shadowed> {
-        let Some(identity) = request.identity() else { return vec![request] };
+        let Some(identity) = request.inbound.identity_parts() else { return vec![request] };
         let hash = self.hasher.hash_one(identity);
         let seq = self.first + self.queue.len() as u64;
         let mut out = Vec::new();
@@ -259,7 +252,7 @@ impl Shadow {
         let slot = self.queue.pop_front()?;
         self.first += 1;
         let shadowed = slot?;
-        if let Some(identity) = shadowed.identity() {
+        if let Some(identity) = shadowed.inbound.identity_parts() {
             let hash = self.hasher.hash_one(identity);
             if let Ok(entry) = self.index.find_entry(hash, |&held| held == seq) {
                 entry.remove();
@@ -284,7 +277,7 @@ impl Shadow {
 
 /// The identity of the request with arrival number `seq`, if it is still held.
 fn held_identity(queue: &VecDeque<Option<Shadowed>>, first: u64, seq: u64) -> Option<(&str, &[u8])> {
-    queue.get(usize::try_from(seq.checked_sub(first)?).ok()?)?.as_ref()?.identity()
+    queue.get(usize::try_from(seq.checked_sub(first)?).ok()?)?.as_ref()?.inbound.identity_parts()
 }
 
 /// What a new leader does with the shadow ([`Shadow::take_over`]).
