@@ -9,6 +9,14 @@ use statestore_node::server::{self, EXIT_CONFIG, EXIT_DAMAGED_STORAGE};
 use statestore_node::{Args, NodeConfig};
 use tracing_subscriber::EnvFilter;
 
+/// Rust allocations of the node go to mimalloc rather than glibc's malloc: a node allocates and
+/// frees several small buffers per request (packets, requests, log entries, replies), and with
+/// glibc that was about a fifth of its CPU. Measured side by side (docs/benchmarks.md): about 5%
+/// less CPU per request, resident memory after a 1 M-key fill unchanged. RocksDB's own memory is
+/// allocated by its C++ code, outside this allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let config = match NodeConfig::from_args(Args::parse()) {
         Ok(config) => config,
