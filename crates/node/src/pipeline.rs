@@ -209,7 +209,7 @@ async fn batcher(
                 None => Ok(()),
             };
             let proposed = match clock {
-                Ok(()) => raft.client_write_ff(Proposal { entries: batch }).await.map_err(|fatal| {
+                Ok(()) => raft.client_write_ff(Arc::new(Proposal { entries: batch })).await.map_err(|fatal| {
                     tracing::error!(error = %fatal, "raft stopped");
                     ExecuteError::Unavailable(fatal.to_string())
                 }),

@@ -46,7 +46,9 @@ use std::sync::Arc;
 
 use rocksdb::DB;
 use statestore_protocol::Request;
-use statestore_statemachine::{Config, DueKey, OutboxEntry, Reply, RequestIdentity, StateMachine, StorageError};
+use statestore_statemachine::{
+    Config, DueKey, Operation, OutboxEntry, Reply, RequestIdentity, StateMachine, StorageError,
+};
 use tokio::sync::broadcast;
 
 pub use clocks::PeerClocks;
@@ -58,7 +60,7 @@ pub use metrics::StorageMetrics;
 pub use network::NetworkFactory;
 pub use snapshot_receiver::SnapshotReceiver;
 pub use state_store::StateStore;
-pub use types::{ApplyResult, Node, NodeId, Raft, TypeConfig};
+pub use types::{ApplyResult, Node, NodeId, Raft, SharedProposal, TypeConfig};
 
 /// Why a node's storage could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -198,8 +200,24 @@ pub struct StateReader {
     identity: Arc<identity::IdentityMemo>,
 }
 
-/// The identities of the client requests one apply call applied, in log order.
-pub type AppliedRequests = Arc<Vec<RequestIdentity>>;
+/// The proposals one apply call applied that held client requests, in log order: shared with the
+/// log entries, so the feed copies nothing.
+#[derive(Clone, Debug)]
+pub struct AppliedRequests(Arc<[SharedProposal]>);
+
+impl AppliedRequests {
+    fn new(proposals: Vec<SharedProposal>) -> AppliedRequests {
+        AppliedRequests(proposals.into())
+    }
+
+    /// The identities of the client requests applied, in log order.
+    pub fn identities(&self) -> impl Iterator<Item = &RequestIdentity> {
+        self.0.iter().flat_map(|proposal| proposal.entries.iter()).filter_map(|entry| match &entry.operation {
+            Operation::Request(request) => request.identity.as_ref(),
+            _ => None,
+        })
+    }
+}
 
 /// Apply calls the applied-requests feed keeps for a subscriber that falls behind; beyond it the
 /// subscriber is told it lagged and must look requests up in the dedup table instead.

@@ -48,7 +48,8 @@ pub const RECENT_BYTES: usize = 16 << 20;
 /// The newest log entries, decoded, in index order without gaps, ending at the last entry
 /// appended. openraft reads an entry back right after appending it, on a leader once per
 /// follower to replicate it and once to apply it, on a follower once to apply it; served from
-/// here those reads cost a clone instead of a RocksDB iterator and a decode. The log column
+/// here those reads cost a reference count (the proposal is shared, [`crate::SharedProposal`])
+/// instead of a RocksDB iterator and a decode. The log column
 /// family stays the source of truth: a read this does not cover in full goes there.
 #[derive(Default)]
 struct RecentEntries {

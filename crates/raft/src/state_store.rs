@@ -127,7 +127,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         let mut results = Vec::new();
         let mut last_applied = None;
         let mut membership = None;
-        let mut identities = Vec::new();
+        let mut with_requests = Vec::new();
         let mut identity_changed = false;
         for entry in entries {
             last_applied = Some(entry.log_id);
@@ -140,13 +140,17 @@ impl RaftStateMachine<TypeConfig> for StateStore {
                         .map(|entry| self.machine.apply(&mut overlay, entry))
                         .collect::<Result<_, _>>()
                         .map_err(write_error)?;
-                    // The entries are applied: their identities move to the feed, uncopied.
-                    for entry in proposal.entries {
+                    let mut has_requests = false;
+                    for entry in &proposal.entries {
                         match entry.operation {
-                            Operation::Request(request) => identities.extend(request.identity),
+                            Operation::Request(_) => has_requests = true,
                             Operation::Enroll { .. } | Operation::NameCluster { .. } => identity_changed = true,
                             _ => {}
                         }
+                    }
+                    // The proposal goes to the applied-requests feed as it is, shared.
+                    if has_requests {
+                        with_requests.push(proposal);
                     }
                     applied
                 }
@@ -175,9 +179,9 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         }
         self.shared.dedup_horizon.advance(clock);
         self.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
-        if !identities.is_empty() {
+        if !with_requests.is_empty() {
             // No subscriber (no MQTT front end) is not an error.
-            let _ = self.applied_requests.send(Arc::new(identities));
+            let _ = self.applied_requests.send(AppliedRequests::new(with_requests));
         }
         Ok(results)
     }
@@ -705,12 +709,53 @@ mod tests {
             .collect();
         LogEntry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-            payload: EntryPayload::Normal(statestore_statemachine::Proposal { entries }),
+            payload: EntryPayload::Normal(Arc::new(statestore_statemachine::Proposal { entries })),
         }
     }
 
     fn enroll(node: u64, incarnation: &str) -> Operation {
         Operation::Enroll { node, incarnation: Some(incarnation.to_string()), replace: true }
+    }
+
+    fn request(correlation: u8) -> Operation {
+        Operation::Request(statestore_statemachine::ClientRequest {
+            request: statestore_protocol::Request {
+                command: statestore_protocol::Command::Set(statestore_protocol::Set::new("k", "v")),
+                timestamp: Some(statestore_protocol::Hlc::new(1_000, 0, "c".to_string())),
+                fencing_token: None,
+            },
+            client_id: Some("c".into()),
+            identity: Some(statestore_statemachine::RequestIdentity {
+                response_topic: "clients/c/response".into(),
+                correlation_data: vec![correlation],
+            }),
+            message_expiry_secs: Some(10),
+        })
+    }
+
+    #[tokio::test]
+    async fn the_applied_requests_feed_names_every_applied_request_in_log_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut node = open(dir.path());
+        let mut feed = node.reader.applied_requests();
+        let confirm = Operation::ConfirmNotifications { through: 0 };
+        let entries = [
+            proposed(1, vec![request(1), confirm.clone(), request(2)]),
+            proposed(2, vec![confirm]),
+            proposed(3, vec![request(3)]),
+        ];
+        let shared = match &entries[0].payload {
+            EntryPayload::Normal(proposal) => proposal.clone(),
+            _ => unreachable!(),
+        };
+        node.state.apply(entries).await.unwrap();
+        let applied = feed.try_recv().unwrap();
+        let correlations: Vec<u8> = applied.identities().map(|identity| identity.correlation_data[0]).collect();
+        assert_eq!(correlations, vec![1, 2, 3], "one message per apply call, requests only, in log order");
+        assert!(feed.try_recv().is_err());
+        assert_eq!(Arc::strong_count(&shared), 2, "the feed holds the log entry's proposal, not a copy");
+        node.state.apply([proposed(4, vec![Operation::ConfirmNotifications { through: 0 }])]).await.unwrap();
+        assert!(feed.try_recv().is_err(), "an apply without requests sends nothing");
     }
 
     #[tokio::test]

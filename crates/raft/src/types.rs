@@ -10,10 +10,10 @@ pub type NodeId = u64;
 pub type Node = openraft::BasicNode;
 
 openraft::declare_raft_types!(
-    /// The Raft types of the state store: log entries carry a [`statestore_statemachine::Proposal`],
-    /// and applying one yields an [`ApplyResult`].
+    /// The Raft types of the state store: log entries carry a [`SharedProposal`], and applying
+    /// one yields an [`ApplyResult`].
     pub TypeConfig:
-        D = statestore_statemachine::Proposal,
+        D = SharedProposal,
         R = ApplyResult,
         NodeId = NodeId,
         Node = Node,
@@ -21,6 +21,11 @@ openraft::declare_raft_types!(
         SnapshotData = tokio::fs::File,
         AsyncRuntime = openraft::TokioRuntime,
 );
+
+/// A log entry's proposal, shared: openraft reads an entry back once per follower to replicate it
+/// and once to apply it, and each of those copies is a reference count instead of a copy of every
+/// key, value and identity in the batch. It is encoded as the proposal itself.
+pub type SharedProposal = std::sync::Arc<statestore_statemachine::Proposal>;
 
 /// What applying one log entry produced: one [`Applied`] per entry of its proposal, in order.
 /// Blank and membership entries produce none.

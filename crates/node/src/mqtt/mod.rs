@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5::Publish;
 use statestore_protocol::{Response, StoreError};
+use statestore_raft::AppliedRequests;
 use statestore_statemachine::{Entry, Operation, Reply};
 use tokio::sync::{mpsc, watch};
 
@@ -197,13 +198,22 @@ impl FrontEnd {
                             self.drop_request(reason);
                             self.link.ack(&publish);
                         }
-                        Ok(inbound) => self.place(Shadowed {
-                            inbound,
-                            receipt: connection::receipt(&publish),
-                            received,
-                            acked: false,
-                            applied_at: None,
-                        }),
+                        Ok(inbound) => {
+                            tracing::debug!(
+                                correlation = %inbound.correlation_hex(),
+                                verb = inbound.verb(),
+                                dup = publish.dup,
+                                leading = self.is_leading(),
+                                "received a request"
+                            );
+                            self.place(Shadowed {
+                                inbound,
+                                receipt: connection::receipt(&publish),
+                                received,
+                                acked: false,
+                                applied_at: None,
+                            })
+                        }
                     }
                 }
                 // While this node hands leadership over it refuses new work: keep the request
@@ -221,6 +231,12 @@ impl FrontEnd {
                         answered = takeover.answered,
                         "taking over the requests shadowed as a follower"
                     );
+                    for request in &takeover.reanswer {
+                        tracing::debug!(correlation = %request.inbound.correlation_hex(), "taking over: answer again");
+                    }
+                    for request in &takeover.execute {
+                        tracing::debug!(correlation = %request.inbound.correlation_hex(), "taking over: execute");
+                    }
                     for request in takeover.reanswer {
                         self.answer_again(request);
                     }
@@ -391,6 +407,11 @@ impl FrontEnd {
                         if let ExecuteError::Storage(e) = &error {
                             tracing::error!(error = %e, "a request failed in storage");
                         }
+                        tracing::debug!(
+                            correlation = %request.inbound.correlation_hex(),
+                            error = %error,
+                            "a request did not complete here; placing it again"
+                        );
                         let _ = front.dispatch.send(Dispatch::Retry(request));
                         return;
                     }
@@ -408,6 +429,7 @@ impl FrontEnd {
             self.drop_request(DropReason::Expired);
             return;
         }
+        tracing::debug!(correlation = %request.inbound.correlation_hex(), status, "answering");
         let result = match &reply.response {
             Response::Error(_) => "error",
             Response::Int(-1) => "not_applied",
@@ -467,9 +489,10 @@ impl FrontEnd {
                     continue;
                 }
                 let reader = &self.node.reader;
-                let settled = shadow.settle(Instant::now(), applied.iter().flat_map(|ids| ids.iter()), |identity| {
-                    reader.dedup_lookup(identity).map(|found| found.is_some()).unwrap_or(false)
-                });
+                let settled =
+                    shadow.settle(Instant::now(), applied.iter().flat_map(AppliedRequests::identities), |identity| {
+                        reader.dedup_lookup(identity).map(|found| found.is_some()).unwrap_or(false)
+                    });
                 self.metrics.shadow_size.set(shadow.len() as i64);
                 settled
             };
@@ -477,6 +500,11 @@ impl FrontEnd {
                 self.link.ack(&publish);
             }
             for request in &settled.forgotten {
+                tracing::debug!(
+                    correlation = %request.inbound.correlation_hex(),
+                    seen_applied = request.applied_at.is_some(),
+                    "the shadow forgot a request"
+                );
                 self.ack(request);
             }
             // A leader that handed over and then led on (nobody took over) serves again what
