@@ -41,6 +41,15 @@ fn protocol(c: &mut Criterion) {
     group.bench_function("encode GET reply 256 B", |b| b.iter(|| std::hint::black_box(&reply).encode()));
     let ts = "001795306435997:00000:32b43965-5c9d-4ae8-8610-8cee895af592";
     group.bench_function("parse HLC", |b| b.iter(|| std::hint::black_box(ts).parse::<Hlc>().unwrap()));
+    let hlc: Hlc = ts.parse().unwrap();
+    group.bench_function("format HLC", |b| b.iter(|| std::hint::black_box(&hlc).to_string()));
+    let mut text = Vec::with_capacity(64);
+    group.bench_function("write HLC text", |b| {
+        b.iter(|| {
+            text.clear();
+            std::hint::black_box(&hlc).write_text(&mut text);
+        })
+    });
     group.finish();
 }
 

@@ -87,6 +87,8 @@ impl NetworkFactory {
         let mut builder = reqwest::Client::builder()
             .default_headers(headers)
             .tcp_nodelay(true)
+            // A peer answers each RPC itself: nothing to follow, and no per-answer policy check.
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_millis(500))
             .pool_idle_timeout(Duration::from_secs(30));
         if let Some(tls) = tls {

@@ -31,8 +31,14 @@ impl Writer {
         self
     }
 
-    pub(crate) fn hlc(self, v: &Hlc) -> Self {
-        self.bytes(v.to_string().as_bytes())
+    /// The HLC's text form, length-prefixed like [`Writer::bytes`].
+    pub(crate) fn hlc(mut self, v: &Hlc) -> Self {
+        let at = self.0.len();
+        self.0.extend_from_slice(&[0; 4]);
+        v.write_text(&mut self.0);
+        let len = u32::try_from(self.0.len() - at - 4).expect("an HLC is far below 4 GiB");
+        self.0[at..at + 4].copy_from_slice(&len.to_be_bytes());
+        self
     }
 
     pub(crate) fn opt_hlc(self, v: Option<&Hlc>) -> Self {
