@@ -21,8 +21,11 @@
 # then removes it with its volumes at the end (KEEP=1 keeps it); a running project is used as it
 # is. The images must exist: `docker compose build`, or `bash cluster/images.sh` without registry
 # access. Other settings: WRITERS (4) concurrent writers, ROUND_SECS (12) load per kill round,
-# STATESTORE_CLI (the release build's statestore-cli). Lines starting with "drill:" summarize
-# results for machines, among them "drill: result=pass" or "drill: result=fail ..." at the end.
+# STATESTORE_CLI (the release build's statestore-cli), STATESTORE_LOG (warn,statestore=debug: the
+# nodes log every request by its correlation data, which a failed write's line in the load record
+# names, so a failure can be followed through the kept container logs). Lines starting with
+# "drill:" summarize results for machines, among them "drill: result=pass" or "drill: result=fail
+# ..." at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +35,7 @@ export STATESTORE_MQTT_PORT="${STATESTORE_MQTT_PORT:-21883}"
 export STATESTORE_HTTP_PORT_1="${STATESTORE_HTTP_PORT_1:-27401}"
 export STATESTORE_HTTP_PORT_2="${STATESTORE_HTTP_PORT_2:-27402}"
 export STATESTORE_HTTP_PORT_3="${STATESTORE_HTTP_PORT_3:-27403}"
+export STATESTORE_LOG="${STATESTORE_LOG:-warn,statestore=debug}"
 kills="${KILLS:-10}"
 max_gap_ms="${MAX_GAP_MS:-5000}"
 catch_up_secs="${CATCH_UP_SECS:-60}"
@@ -87,6 +91,12 @@ cleanup() {
     docker logs -t "$(container mosquitto)" >"$work/mosquitto.log" 2>&1 || true
     echo "--- the nodes' own warnings and MQTT client notices (openraft's are in the logs)"
     grep -hE "(WARN|ERROR) statestore|rumqttc" "$work"/node?.log | sort | tail -n 20 || true
+    echo "--- failed writes in the load records (at most 5), each with what the nodes logged about it"
+    { grep -H " err " "$work"/*.load 2>/dev/null | head -n 5 | while IFS= read -r line; do
+        echo "$line"
+        correlation="$(sed -n 's/.*correlation data \([0-9a-f]*\).*/\1/p' <<<"$line")"
+        [[ -z "$correlation" ]] || grep -H "correlation=$correlation" "$work"/node?.log | head -n 20 || true
+      done; } || true
     echo "failover.sh: the load records and container logs are kept in $work"
   fi
   if ((started)) && [[ "${KEEP:-0}" != 1 ]]; then

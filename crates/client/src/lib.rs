@@ -64,8 +64,10 @@ pub enum ClientError {
     Connect { address: String, detail: String },
     #[error("the MQTT client stopped: {0}")]
     Closed(String),
-    #[error("no response within {0:?}")]
-    Timeout(Duration),
+    /// No answer in time; `correlation` is the request's correlation data in hex, which a node's
+    /// debug log names the request by (`correlation=`).
+    #[error("no response within {after:?} (correlation data {correlation})")]
+    Timeout { after: Duration, correlation: String },
     /// The server answered with an RPC status other than 200 (e.g. 505 for an unsupported
     /// protocol version).
     #[error("the server answered with status {status}{}", message.as_deref().map(|m| format!(": {m}")).unwrap_or_default())]
@@ -252,7 +254,8 @@ impl Client {
             Ok(Err(_)) => Err(ClientError::Closed("the connection task ended".into())),
             Err(_) => {
                 self.pending.lock().unwrap().remove(&correlation);
-                Err(ClientError::Timeout(self.timeout))
+                let correlation = correlation.iter().map(|byte| format!("{byte:02x}")).collect();
+                Err(ClientError::Timeout { after: self.timeout, correlation })
             }
         }?;
         if let Some(version) = &reply.version {

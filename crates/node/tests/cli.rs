@@ -393,3 +393,30 @@ async fn a_load_run_records_every_write() {
     assert!(writes.iter().all(|(sent, done, ok)| done >= sent && ok == "ok"), "{lines}");
     assert_eq!(cli.run(&["get", "drill/0/0"]).stdout, vec![b'v'; 64]);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_load_run_records_why_a_write_failed_and_which_request_it_was() {
+    // A broker and no state store: every write times out.
+    let broker = Broker::start();
+    let cli = Cli { port: broker.port, endpoints: String::new() };
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("load.txt");
+    let (exit, summary) =
+        cli.json(&["--timeout", "1", "load", "--writers", "2", "--duration", "1.5", "--out", record.to_str().unwrap()]);
+    assert_ne!(exit, 0, "{summary}");
+    assert_eq!(summary["message"].as_str(), Some("no write succeeded"), "{summary}");
+    let lines = std::fs::read_to_string(&record).unwrap();
+    let mut correlations: Vec<&str> = lines
+        .lines()
+        .map(|line| {
+            let (_, why) = line.split_once(" err ").unwrap_or_else(|| panic!("not a failed write: {line}"));
+            let hex = why.strip_prefix("no response within 1s (correlation data ").and_then(|r| r.strip_suffix(')'));
+            hex.unwrap_or_else(|| panic!("no timeout with correlation data: {line}"))
+        })
+        .collect();
+    assert!(correlations.len() >= 2, "{lines}");
+    assert!(correlations.iter().all(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit())), "{lines}");
+    correlations.sort_unstable();
+    correlations.dedup();
+    assert_eq!(correlations.len(), lines.lines().count(), "each failed write names its own request: {lines}");
+}

@@ -30,7 +30,8 @@ pub struct LoadArgs {
     /// Value size in bytes.
     #[arg(long, default_value_t = 64)]
     pub value_size: usize,
-    /// Write `<sent unix ms> <done unix ms> ok|err` per completed write to this file.
+    /// Write `<sent unix ms> <done unix ms> ok` per completed write to this file, or `... err
+    /// <why>` for one that failed (a timeout names the request's correlation data).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
@@ -52,8 +53,8 @@ impl LoadArgs {
 
 #[derive(Default)]
 struct Record {
-    /// (sent, done, ok) per completed write.
-    writes: Vec<(u64, u64, bool)>,
+    /// (sent, done, why it failed) per completed write.
+    writes: Vec<(u64, u64, Option<String>)>,
 }
 
 pub async fn run(out: &Output, client: Arc<Client>, args: LoadArgs) -> Outcome {
@@ -79,8 +80,13 @@ pub async fn run(out: &Output, client: Arc<Client>, args: LoadArgs) -> Outcome {
                 n += 1;
                 let sent = now_ms();
                 let reply = client.request(&Request::Set(Set::new(key, value.clone())), None).await;
-                let ok = matches!(reply, Ok(Reply { response: Response::Ok, .. }));
-                record.lock().unwrap().writes.push((sent, now_ms(), ok));
+                let failure = match reply {
+                    Ok(Reply { response: Response::Ok, .. }) => None,
+                    Ok(Reply { response, .. }) => Some(format!("answered {response:?}")),
+                    Err(e) => Some(e.to_string()),
+                };
+                let ok = failure.is_none();
+                record.lock().unwrap().writes.push((sent, now_ms(), failure));
                 if !ok {
                     // A failed write (no leader yet) is retried at once by the next one.
                     continue;
@@ -95,14 +101,17 @@ pub async fn run(out: &Output, client: Arc<Client>, args: LoadArgs) -> Outcome {
     let mut writes = std::mem::take(&mut record.lock().unwrap().writes);
     writes.sort_by_key(|&(_, done, _)| done);
     if let Some(file) = file.as_mut() {
-        for (sent, done, ok) in &writes {
-            let _ = writeln!(file, "{sent} {done} {}", if *ok { "ok" } else { "err" });
+        for (sent, done, failure) in &writes {
+            let _ = match failure {
+                None => writeln!(file, "{sent} {done} ok"),
+                Some(why) => writeln!(file, "{sent} {done} err {}", why.replace('\n', " ")),
+            };
         }
         if let Err(e) = file.flush() {
             return out.error(&format!("writing the load record: {e}"));
         }
     }
-    let ok: Vec<_> = writes.iter().filter(|w| w.2).collect();
+    let ok: Vec<_> = writes.iter().filter(|w| w.2.is_none()).collect();
     let failed = writes.len() - ok.len();
     let mut latencies: Vec<u64> = ok.iter().map(|(sent, done, _)| done - sent).collect();
     latencies.sort_unstable();
