@@ -195,7 +195,7 @@ impl FrontEnd {
                     let received = Instant::now();
                     match Inbound::classify(&publish, delivered, received, self.access.as_ref()) {
                         Err(reason) => {
-                            self.drop_request(reason);
+                            self.drop_request(reason, None);
                             self.link.ack(&publish);
                         }
                         Ok(inbound) => {
@@ -261,9 +261,12 @@ impl FrontEnd {
         }
     }
 
-    fn drop_request(&self, reason: DropReason) {
+    /// Counts and logs a request dropped on purpose; `request` is known unless it could not be
+    /// classified.
+    fn drop_request(&self, reason: DropReason, request: Option<&Inbound>) {
         self.metrics.dropped.with_label_values(&[reason.label()]).inc();
-        tracing::info!(reason = reason.label(), "dropped a request without an answer");
+        let correlation = request.map(|request| request.correlation_hex().to_string()).unwrap_or_default();
+        tracing::info!(reason = reason.label(), correlation, "dropped a request without an answer");
     }
 
     /// A follower keeps writes until they are applied, and everything else for a while: the
@@ -305,7 +308,7 @@ impl FrontEnd {
 
     fn lead(self: &Arc<Self>, request: Shadowed) {
         if request.inbound.expired(Instant::now()) {
-            self.drop_request(DropReason::Expired);
+            self.drop_request(DropReason::Expired, Some(&request.inbound));
             self.ack(&request);
             return;
         }
@@ -426,7 +429,7 @@ impl FrontEnd {
     fn respond(&self, request: &Shadowed, status: u16, reply: Reply, command: &str) {
         let now = Instant::now();
         if request.inbound.expired(now) {
-            self.drop_request(DropReason::Expired);
+            self.drop_request(DropReason::Expired, Some(&request.inbound));
             return;
         }
         tracing::debug!(correlation = %request.inbound.correlation_hex(), status, "answering");
