@@ -94,7 +94,7 @@ cleanup() {
     echo "--- failed writes in the load records (at most 5), each with what the nodes logged about it"
     { grep -H " err " "$work"/*.load 2>/dev/null | head -n 5 | while IFS= read -r line; do
         echo "$line"
-        correlation="$(sed -n 's/.*correlation data \([0-9a-f]*\).*/\1/p' <<<"$line")"
+        correlation="$(sed -n 's/.*correlation data \([0-9A-F]*\).*/\1/p' <<<"$line")"
         [[ -z "$correlation" ]] || grep -H "correlation=$correlation" "$work"/node?.log | head -n 20 || true
       done; } || true
     echo "failover.sh: the load records and container logs are kept in $work"

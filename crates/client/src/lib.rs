@@ -254,7 +254,7 @@ impl Client {
             Ok(Err(_)) => Err(ClientError::Closed("the connection task ended".into())),
             Err(_) => {
                 self.pending.lock().unwrap().remove(&correlation);
-                let correlation = correlation.iter().map(|byte| format!("{byte:02x}")).collect();
+                let correlation = statestore_protocol::topic::hex_upper(&correlation);
                 Err(ClientError::Timeout { after: self.timeout, correlation })
             }
         }?;

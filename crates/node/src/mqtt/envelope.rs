@@ -177,9 +177,10 @@ impl Inbound {
         Some((&self.response_topic, self.correlation_data.as_deref()?))
     }
 
-    /// The correlation data in hex, for log lines that follow one request.
-    pub fn correlation_hex(&self) -> CorrelationHex<'_> {
-        CorrelationHex(self.correlation_data.as_deref().unwrap_or_default())
+    /// The correlation data in hex, for log lines that follow one request (the CLI's timeouts
+    /// name a request the same way).
+    pub fn correlation_hex(&self) -> String {
+        hex_upper(self.correlation_data.as_deref().unwrap_or_default())
     }
 
     /// Whether the client has stopped waiting at `now`.
@@ -233,15 +234,6 @@ fn supported_version(version: &str) -> bool {
             major == SUPPORTED_MAJOR && !minor.is_empty() && minor.bytes().all(|b| b.is_ascii_digit())
         }
         None => false,
-    }
-}
-
-/// Correlation data shown as hex ([`Inbound::correlation_hex`]).
-pub struct CorrelationHex<'a>(&'a [u8]);
-
-impl std::fmt::Display for CorrelationHex<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
     }
 }
 

@@ -265,7 +265,7 @@ impl FrontEnd {
     /// classified.
     fn drop_request(&self, reason: DropReason, request: Option<&Inbound>) {
         self.metrics.dropped.with_label_values(&[reason.label()]).inc();
-        let correlation = request.map(|request| request.correlation_hex().to_string()).unwrap_or_default();
+        let correlation = request.map(Inbound::correlation_hex).unwrap_or_default();
         tracing::info!(reason = reason.label(), correlation, "dropped a request without an answer");
     }
 
