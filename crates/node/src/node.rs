@@ -351,10 +351,19 @@ impl Node {
         self.pipeline.refuse(None);
     }
 
-    /// Stops Raft: no more votes, appends or applies.
+    /// Stops Raft (no more votes, appends or applies), then writes what was applied to disk, so
+    /// that the node does not apply the log again when it starts.
     pub async fn shutdown(&self) {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft did not stop cleanly");
+        }
+        let reader = self.reader.clone();
+        match tokio::task::spawn_blocking(move || reader.flush_applied().map_err(|e| e.to_string())).await {
+            Ok(Ok(index)) => tracing::debug!(applied = index, "the applied state is on disk"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not write the applied state to disk; it is applied again from the log at start")
+            }
+            Err(e) => tracing::warn!(error = %e, "could not write the applied state to disk"),
         }
     }
 }

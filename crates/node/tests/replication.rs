@@ -112,6 +112,58 @@ async fn acknowledged_writes_survive_killing_every_node() {
     eprintln!("{} acknowledged writes survived kill -9 of all nodes", acknowledged.len());
 }
 
+/// Writes `keys` with `value`, 16 at a time, on node `id`; every one must be acknowledged.
+async fn write_all(cluster: &Cluster, id: u64, keys: std::ops::Range<usize>, value: &str) {
+    use futures::StreamExt;
+    let writes = keys.map(|i| async move {
+        cluster.set(id, &format!("key-{i}"), value).await.expect("an acknowledged write");
+    });
+    futures::stream::iter(writes).buffer_unordered(16).collect::<Vec<_>>().await;
+}
+
+/// The state machine's writes skip the WAL and reach the disk with flushes; the log below a
+/// snapshot is purged. A node killed after purging must still hold, or apply again, every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_after_purging_its_log_comes_back_with_every_write() {
+    // Snapshot (and purge everything below it) every 40 entries.
+    let mut cluster = Cluster::start(1, &["--snapshot-every", "40", "--logs-kept", "0"]).await;
+    write_all(&cluster, 1, 0..600, "first").await;
+    let applied = cluster.status(1).await.unwrap()["applied_index"].as_u64().unwrap();
+    cluster.wait_snapshot_covering(1, applied.saturating_sub(80)).await;
+    // Writes after the last snapshot are applied but not flushed when the node is killed.
+    write_all(&cluster, 1, 300..900, "second").await;
+    cluster.kill(1);
+    let started = Instant::now();
+    cluster.spawn(1);
+    cluster.wait_leader().await;
+    eprintln!("ready {:?} after kill -9", started.elapsed());
+    for i in 0..900 {
+        let key = format!("key-{i}");
+        let expected = if i < 300 { "first" } else { "second" };
+        let read = cluster.get(1, &key).await.unwrap();
+        assert_eq!(read.response, Response::Value(expected.into()), "{key}\n{}", cluster.logs());
+    }
+}
+
+/// A node stopped cleanly leaves what it applied on disk: it does not apply its log again when
+/// it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stopped_cleanly_leaves_its_applied_state_on_disk() {
+    use openraft::storage::{RaftLogStorage, RaftStateMachine};
+    let mut cluster = Cluster::start(1, &[]).await;
+    write_all(&cluster, 1, 0..300, "v").await;
+    let applied = cluster.status(1).await.unwrap()["applied_index"].as_u64().unwrap();
+    assert!(cluster.terminate(1).success());
+    let metrics = statestore_raft::StorageMetrics::register(&prometheus::Registry::new()).unwrap();
+    let data_dir = &cluster.nodes[&1].data_dir;
+    let mut storage =
+        statestore_raft::open(data_dir, statestore_statemachine::Config::default(), metrics, false).unwrap();
+    let on_disk = storage.state.applied_state().await.unwrap().0.map_or(0, |id| id.index);
+    let committed = storage.log.read_committed().await.unwrap().map_or(0, |id| id.index);
+    assert!(on_disk >= applied, "applied {applied} before the stop, {on_disk} on disk");
+    assert_eq!(on_disk, committed, "everything committed was applied and is on disk");
+}
+
 /// `kill -9` the leader: a new one is elected and writes resume. Prints the time from the kill
 /// to the first successful write for each of 10 trials.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,13 +1,23 @@
 //! The node's one RocksDB: the Raft log, the Raft metadata and the state-machine tables, each in
-//! its own column family. One database means one write-ahead log, so a state-machine batch that
-//! survives a crash implies every log write before it survived too.
+//! its own column family.
+//!
+//! Only the log and the Raft metadata go through the write-ahead log. The state machine's writes
+//! skip it: every one of them is derived from log entries, so the log is their durable copy, and
+//! writing them to the WAL as well doubled the bytes each fsync waits for. They reach the disk
+//! when RocksDB flushes the memtables, and flushes are atomic across column families, so what a
+//! crash leaves of the state-machine tables is always the state as of one applied batch, with
+//! the log entries up to it: a node that restarts applies the log again from there (openraft
+//! re-applies the committed entries when it starts). Two rules keep the log able to do that:
+//! the log is never purged past what the state-machine tables hold on disk
+//! ([`AppliedOnDisk`]), and a clean stop flushes.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBRecoveryMode, Direction, Env, IteratorMode,
-    Options, ReadOptions, SnapshotWithThreadMode, WriteBatch, WriteOptions, DB,
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBRecoveryMode, Direction, Env, FlushOptions,
+    IteratorMode, Options, ReadOptions, SnapshotWithThreadMode, WriteBatch, WriteOptions, DB,
 };
 use statestore_statemachine::storage::ScanPage;
 use statestore_statemachine::{Batch, StorageError, StorageRead, Table};
@@ -45,8 +55,12 @@ pub fn open(path: &Path, dedup_horizon: &Arc<DedupHorizon>) -> Result<Arc<DB>, r
     let mut options = Options::default();
     options.create_if_missing(true);
     options.create_missing_column_families(true);
-    // Writes from the log store and the state machine go through one WAL; the log store syncs it.
+    // The log store's writes go through the WAL, which it syncs; the state machine's skip it.
     options.set_max_total_wal_size(256 << 20);
+    // A flush writes every column family's memtable as of one moment: the state-machine tables
+    // on disk always hold whole apply batches, the same ones, with the log entries they came
+    // from (see the module's documentation).
+    options.set_atomic_flush(true);
     // A damaged WAL stops the open instead of being cut at the damage (RocksDB's default,
     // point-in-time recovery, drops every record after it, fsynced ones included). Only an
     // incomplete last record is tolerated: a write torn by a crash was never synced, so never
@@ -142,6 +156,40 @@ pub fn synced() -> WriteOptions {
     let mut options = WriteOptions::default();
     options.set_sync(true);
     options
+}
+
+/// Options of the state machine's writes: not written to the WAL (see the module's
+/// documentation).
+pub fn unlogged() -> WriteOptions {
+    let mut options = WriteOptions::default();
+    options.disable_wal(true);
+    options
+}
+
+/// Flushes every column family's memtable to table files, as one atomic flush, and waits for it.
+pub fn flush_all(db: &DB) -> Result<(), rocksdb::Error> {
+    let handles: Vec<&ColumnFamily> = column_families().into_iter().map(|name| cf(db, name)).collect();
+    let mut options = FlushOptions::default();
+    options.set_wait(true);
+    db.flush_cfs_opt(&handles, &options)
+}
+
+/// The last log index whose apply is on disk in the state-machine tables (their writes skip the
+/// WAL, so an applied batch is on disk only once a flush wrote it). The log is purged only up to
+/// here: after a crash the tables are back at this index or later, and the log entries after it
+/// are applied again.
+#[derive(Debug, Default)]
+pub struct AppliedOnDisk(AtomicU64);
+
+impl AppliedOnDisk {
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Records that everything applied up to `index` is on disk.
+    pub fn reached(&self, index: u64) {
+        self.0.fetch_max(index, Ordering::AcqRel);
+    }
 }
 
 pub fn backend(error: rocksdb::Error) -> StorageError {

@@ -159,8 +159,11 @@ pub fn open(
     };
     let snapshots = snapshot::SnapshotDir::new(&snapshot_path).map_err(|e| snapshot_error(e.to_string()))?;
     state_store::resume_install(&db, &snapshots).map_err(|e| snapshot_error(e.to_string()))?;
-    let clock = statestore_statemachine::meta::clock(&db::Tables { db: &db })
-        .map_err(|e| OpenError::State { path: db_path.display().to_string(), detail: e.to_string() })?;
+    let state_error = |detail: String| OpenError::State { path: db_path.display().to_string(), detail };
+    // What a database holds when it opens is on disk (the WAL it recovered from included).
+    shared.applied_on_disk.reached(state_store::applied_index(&db).map_err(|e| state_error(e.to_string()))?);
+    let clock =
+        statestore_statemachine::meta::clock(&db::Tables { db: &db }).map_err(|e| state_error(e.to_string()))?;
     shared.dedup_horizon.advance(clock);
     let committed = Arc::new(AtomicU64::new(0));
     if let Ok(Some((_, data))) = snapshots.current() {
@@ -170,8 +173,14 @@ pub fn open(
         .map_err(|source| OpenError::Db { path: db_path.display().to_string(), source })?;
     let (applied_requests, _) = broadcast::channel(APPLIED_FEED_CAPACITY);
     let machine = StateMachine::new(config);
-    let log = LogStore::new(db.clone(), metrics.clone(), committed.clone(), shared.log_bytes.clone())
-        .map_err(io_error(data_dir))?;
+    let log = LogStore::new(
+        db.clone(),
+        metrics.clone(),
+        committed.clone(),
+        shared.log_bytes.clone(),
+        shared.applied_on_disk.clone(),
+    )
+    .map_err(io_error(data_dir))?;
     let reader = StateReader {
         db: db.clone(),
         machine: machine.clone(),
@@ -181,6 +190,7 @@ pub fn open(
         installing: shared.installing.clone(),
         damage: shared.damage.clone(),
         identity: shared.identity.clone(),
+        applied_on_disk: shared.applied_on_disk.clone(),
     };
     let state = StateStore::new(db, machine, snapshots, metrics, applied_requests, shared);
     Ok(NodeStorage { log, state, reader, incarnation })
@@ -198,6 +208,7 @@ pub struct StateReader {
     installing: Arc<AtomicBool>,
     damage: Arc<DamageReport>,
     identity: Arc<identity::IdentityMemo>,
+    applied_on_disk: Arc<db::AppliedOnDisk>,
 }
 
 /// The proposals one apply call applied that held client requests, in log order: shared with the
@@ -312,6 +323,13 @@ impl StateReader {
     /// The last committed log index this node knows of (0 before the first).
     pub fn committed_index(&self) -> u64 {
         self.committed.load(Ordering::Acquire)
+    }
+
+    /// Writes what is applied to disk (the state machine's writes skip the WAL, see [`db`]), so
+    /// that a node stopped cleanly does not apply the log again when it starts; returns the log
+    /// index written up to. Blocking: run it off the async threads.
+    pub fn flush_applied(&self) -> Result<u64, types::RaftStorageError> {
+        state_store::flush_applied(&self.db, &self.applied_on_disk)
     }
 
     /// Writes every key of one consistent view of the applied state to `out` as a backup

@@ -20,8 +20,9 @@ use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::db::{cf, synced, LOG_CF, RAFT_META_CF};
+use crate::db::{cf, synced, AppliedOnDisk, LOG_CF, RAFT_META_CF};
 use crate::metrics::StorageMetrics;
+use crate::state_store::flush_applied;
 use crate::types::{LogEntry, LogId, RaftStorageError, TypeConfig, Vote};
 use crate::wire::{decode, encode};
 use crate::LogBytes;
@@ -193,6 +194,7 @@ pub struct LogStore {
     flusher: Option<std::thread::JoinHandle<()>>,
     committed: Arc<AtomicU64>,
     log_bytes: Arc<LogBytes>,
+    applied_on_disk: Arc<AppliedOnDisk>,
 }
 
 impl Drop for LogStore {
@@ -206,12 +208,14 @@ impl Drop for LogStore {
 }
 
 impl LogStore {
-    /// A log store over `db`. `committed` follows the committed log index (0 before any).
+    /// A log store over `db`. `committed` follows the committed log index (0 before any); the
+    /// log is purged no further than `applied_on_disk`.
     pub(crate) fn new(
         db: Arc<DB>,
         metrics: StorageMetrics,
         committed: Arc<AtomicU64>,
         log_bytes: Arc<LogBytes>,
+        applied_on_disk: Arc<AppliedOnDisk>,
     ) -> io::Result<LogStore> {
         let (flushes, pending) = mpsc::channel();
         let flusher_db = db.clone();
@@ -219,7 +223,7 @@ impl LogStore {
             .name("raft-log-fsync".into())
             .spawn(move || flush_loop(&flusher_db, &pending, &metrics))?;
         let reader = LogReader { db, recent: Arc::default() };
-        Ok(LogStore { reader, flushes: Some(flushes), flusher: Some(flusher), committed, log_bytes })
+        Ok(LogStore { reader, flushes: Some(flushes), flusher: Some(flusher), committed, log_bytes, applied_on_disk })
     }
 
     /// A reader of this log, for the node (the elector reads the last log id).
@@ -343,6 +347,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
+        // Entries the state-machine tables do not hold on disk yet would be needed again after a
+        // crash. A purge follows a snapshot, which flushes, so this flush is for the odd case.
+        if log_id.index > self.applied_on_disk.get() {
+            let on_disk = flush_applied(self.db(), &self.applied_on_disk)?;
+            tracing::info!(purge = log_id.index, on_disk, "flushed the applied state before purging the log");
+        }
         let mut batch = WriteBatch::default();
         let bytes = encode(&log_id).map_err(|e| StorageIOError::write(&e))?;
         // The purge mark and the deletion are one batch: the log never has a hole below it.

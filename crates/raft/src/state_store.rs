@@ -29,7 +29,7 @@ use statestore_statemachine::{dedup, meta, KeyRecord, Operation, Overlay, StateM
 use tokio::sync::broadcast;
 
 use crate::damage::{DamageReport, Damaged};
-use crate::db::{self, add_to, cf, synced, Tables, ViewTables};
+use crate::db::{self, add_to, cf, synced, AppliedOnDisk, Tables, ViewTables};
 use crate::dedup_retention::DedupHorizon;
 use crate::identity::IdentityMemo;
 use crate::metrics::StorageMetrics;
@@ -91,6 +91,8 @@ pub(crate) struct SharedState {
     pub damage: Arc<DamageReport>,
     /// The applied identity records in memory; told when an apply or an install changes them.
     pub identity: Arc<IdentityMemo>,
+    /// How far the applied state is on disk; the log is not purged past it.
+    pub applied_on_disk: Arc<AppliedOnDisk>,
 }
 
 impl StateStore {
@@ -172,8 +174,9 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         if let Some(membership) = membership {
             batch.put_cf(meta, MEMBERSHIP, encode(&membership).map_err(write_error)?);
         }
-        // Not synced: the log entries are on disk already and are applied again after a crash.
-        self.db.write(batch).map_err(write_error)?;
+        // Not written to the WAL: what it holds is in the log, applied again after a crash from
+        // the last batch a flush wrote (see `db`).
+        self.db.write_opt(batch, &db::unlogged()).map_err(write_error)?;
         if identity_changed {
             self.shared.identity.changed();
         }
@@ -242,6 +245,8 @@ impl RaftStateMachine<TypeConfig> for StateStore {
             shared.installing.store(false, Ordering::Release);
             shared.identity.changed();
             installed?;
+            // Ingested table files and synced batches: on disk as installed.
+            shared.applied_on_disk.reached(snapshot_meta.last_log_id.map_or(0, |id| id.index));
             shared.dedup_horizon.advance(meta::clock(&Tables { db: &db }).map_err(read_error)?);
             Ok(())
         })
@@ -465,6 +470,21 @@ pub(crate) fn resume_install(db: &DB, snapshots: &SnapshotDir) -> Result<(), Raf
     install(db, &meta, &data, snapshots)
 }
 
+/// The log index of the last batch applied to the tables (0 before any).
+pub(crate) fn applied_index(db: &DB) -> Result<u64, RaftStorageError> {
+    let applied: Option<LogId> = meta_value(db.get_cf(cf(db, Table::Meta.name()), LAST_APPLIED).map_err(read_error)?)?;
+    Ok(applied.map_or(0, |id| id.index))
+}
+
+/// Flushes the memtables, so that everything applied before the call is on disk, and records
+/// how far that is in `on_disk`; returns that index.
+pub(crate) fn flush_applied(db: &DB, on_disk: &AppliedOnDisk) -> Result<u64, RaftStorageError> {
+    let applied = applied_index(db)?;
+    db::flush_all(db).map_err(write_error)?;
+    on_disk.reached(applied);
+    Ok(applied)
+}
+
 /// Builds a snapshot from a consistent view of the state machine.
 pub struct SnapshotBuilder {
     db: Arc<DB>,
@@ -480,7 +500,15 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let db = self.db.clone();
         let snapshots = self.snapshots.clone();
         let horizon = self.shared.dedup_horizon.clone();
-        let (meta, file) = in_background("snapshot-build", move || build(&db, &snapshots, &horizon)).await??;
+        let on_disk = self.shared.applied_on_disk.clone();
+        let (meta, file) = in_background("snapshot-build", move || {
+            let built = build(&db, &snapshots, &horizon)?;
+            // openraft purges the log below the snapshot once this returns: the applied state
+            // it covers must be on disk first.
+            flush_applied(&db, &on_disk)?;
+            Ok::<_, RaftStorageError>(built)
+        })
+        .await??;
         self.shared.log_bytes.set_snapshot_size(file.metadata().map_or(0, |m| m.len()));
         self.metrics.snapshot_build_seconds.observe(started.elapsed().as_secs_f64());
         self.metrics.snapshots.with_label_values(&["built"]).inc();
@@ -571,6 +599,7 @@ fn build(
 mod tests {
     use std::collections::BTreeMap;
 
+    use openraft::storage::RaftLogStorage;
     use openraft::{CommittedLeaderId, LogId};
     use statestore_statemachine::Config;
     use tokio::io::AsyncWriteExt;
@@ -718,9 +747,13 @@ mod tests {
     }
 
     fn request(correlation: u8) -> Operation {
+        set("k", correlation)
+    }
+
+    fn set(key: &str, correlation: u8) -> Operation {
         Operation::Request(statestore_statemachine::ClientRequest {
             request: statestore_protocol::Request {
-                command: statestore_protocol::Command::Set(statestore_protocol::Set::new("k", "v")),
+                command: statestore_protocol::Command::Set(statestore_protocol::Set::new(key, "v")),
                 timestamp: Some(statestore_protocol::Hlc::new(1_000, 0, "c".to_string())),
                 fencing_token: None,
             },
@@ -731,6 +764,85 @@ mod tests {
             }),
             message_expiry_secs: Some(10),
         })
+    }
+
+    /// Copies every file under `from` into `to` as it is on disk now: what a crash would leave
+    /// of a node that is idle (its WAL written out).
+    fn crash_image(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                crash_image(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), target).unwrap();
+            }
+        }
+    }
+
+    async fn applied_index_of(node: &mut NodeStorage) -> u64 {
+        node.state.applied_state().await.unwrap().0.map_or(0, |id| id.index)
+    }
+
+    fn value_of(node: &NodeStorage, key: &str) -> Option<Vec<u8>> {
+        let record = node.reader.db.get_cf(cf(&node.reader.db, Table::Keys.name()), key).unwrap()?;
+        Some(KeyRecord::decode(&record).unwrap().value)
+    }
+
+    /// Apply writes skip the WAL: a crash leaves the tables as the last flush wrote them, whole
+    /// batches with the log index they reached, and the log is applied again from there.
+    #[tokio::test]
+    async fn a_crash_leaves_the_applied_state_of_the_last_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut node = open(dir.path());
+        node.state.apply([proposed(1, vec![set("a", 1)]), proposed(2, vec![set("b", 2)])]).await.unwrap();
+        assert_eq!(node.reader.flush_applied().unwrap(), 2);
+        node.state.apply([proposed(3, vec![set("c", 3)])]).await.unwrap();
+        assert_eq!(value_of(&node, "c"), Some(b"v".to_vec()), "applied");
+        node.reader.db.flush_wal(true).unwrap();
+
+        let image = tempfile::tempdir().unwrap();
+        crash_image(dir.path(), image.path());
+        let mut crashed = open(image.path());
+        assert_eq!(applied_index_of(&mut crashed).await, 2, "the last flushed batch");
+        assert_eq!(value_of(&crashed, "b"), Some(b"v".to_vec()));
+        assert_eq!(value_of(&crashed, "c"), None, "the batch after the flush is applied again from the log");
+    }
+
+    /// A purge of log entries whose apply is not on disk yet flushes first: after a crash the
+    /// tables never need an entry the log no longer has.
+    #[tokio::test]
+    async fn the_log_is_never_purged_past_the_applied_state_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut node = open(dir.path());
+        let entries: Vec<LogEntry> = (1..=5).map(|i| proposed(i, vec![set(&format!("k{i}"), i as u8)])).collect();
+        node.state.apply(entries).await.unwrap();
+        node.log.purge(LogId::new(CommittedLeaderId::new(1, 1), 4)).await.unwrap();
+        node.reader.db.flush_wal(true).unwrap();
+
+        let image = tempfile::tempdir().unwrap();
+        crash_image(dir.path(), image.path());
+        let mut crashed = open(image.path());
+        assert!(applied_index_of(&mut crashed).await >= 4, "the tables on disk reach the purge");
+        assert_eq!(value_of(&crashed, "k4"), Some(b"v".to_vec()));
+    }
+
+    /// What a snapshot covers is on disk once it is built: openraft purges the log below it.
+    #[tokio::test]
+    async fn a_built_snapshot_leaves_what_it_covers_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut node = open(dir.path());
+        node.state.apply([proposed(1, vec![set("a", 1)]), proposed(2, vec![set("b", 2)])]).await.unwrap();
+        let snapshot = node.state.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        assert_eq!(snapshot.meta.last_log_id.map(|id| id.index), Some(2));
+        node.reader.db.flush_wal(true).unwrap();
+
+        let image = tempfile::tempdir().unwrap();
+        crash_image(dir.path(), image.path());
+        let mut crashed = open(image.path());
+        assert_eq!(applied_index_of(&mut crashed).await, 2);
+        assert_eq!(value_of(&crashed, "b"), Some(b"v".to_vec()));
     }
 
     #[tokio::test]
