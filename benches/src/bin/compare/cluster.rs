@@ -281,6 +281,14 @@ impl StatestoreCluster {
         Ok(self.nodes.len() - 1)
     }
 
+    /// Kills node `index` with SIGKILL and starts it again on its data directory; returns the
+    /// time from its start to its first `/ready` 200 (what it applies again from its log
+    /// included).
+    pub async fn crash_restart(&mut self, index: usize) -> anyhow::Result<Duration> {
+        tokio::task::block_in_place(|| self.nodes[index].process.kill());
+        self.start_node(index).await
+    }
+
     /// Stops node `index` with SIGTERM; returns how long it took to exit.
     pub fn stop_node(&mut self, index: usize) -> Duration {
         let stopping = Instant::now();

@@ -159,13 +159,26 @@ impl EtcdCluster {
         let stopping = Instant::now();
         tokio::task::block_in_place(|| self.members[index].process.stop(STOP_GRACE));
         let stop_time = stopping.elapsed();
+        Ok((stop_time, self.start_again(index).await?))
+    }
+
+    /// Kills member `index` with SIGKILL and starts it again on its data directory; returns the
+    /// time from its start to healthy.
+    pub async fn crash_restart(&mut self, index: usize) -> anyhow::Result<Duration> {
+        tokio::task::block_in_place(|| self.members[index].process.kill());
+        self.start_again(index).await
+    }
+
+    /// Starts member `index` (stopped) again on its data directory; returns the time from its
+    /// start to healthy.
+    async fn start_again(&mut self, index: usize) -> anyhow::Result<Duration> {
         let member = &self.members[index];
         let (name, client_port, peer_port, data_dir) =
             (member.name.clone(), member.client_port, member.peer_port, member.data_dir.clone());
         let starting = Instant::now();
         self.members[index].process = self.spawn(&name, client_port, peer_port, &data_dir)?;
         self.wait_healthy(index, starting + RESTART_TIMEOUT).await?;
-        Ok((stop_time, starting.elapsed()))
+        Ok(starting.elapsed())
     }
 }
 

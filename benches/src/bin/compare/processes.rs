@@ -65,6 +65,17 @@ impl Process {
         Ok(())
     }
 
+    /// SIGKILL (a crash: nothing is flushed); returns once the process is gone.
+    pub fn kill(&mut self) -> ExitStatus {
+        if let Some(status) = self.exited {
+            return status;
+        }
+        let _ = self.child.kill();
+        let status = self.child.wait().unwrap_or_default();
+        self.exited = Some(status);
+        status
+    }
+
     /// SIGTERM, then SIGKILL after `grace`; returns once the process is gone.
     pub fn stop(&mut self, grace: Duration) -> ExitStatus {
         if let Some(status) = self.exited {

@@ -1,6 +1,7 @@
 //! `fill`: writes distinct keys until the store holds `--to` of them, recording the rate of every
-//! step; then the memory of every server, and how long a follower takes to be ready again after
-//! a restart on its full data directory.
+//! step; then the memory of every server, and how long a follower takes to be ready again on its
+//! full data directory: first after `kill -9` right after the fill (a crash: what it applies again
+//! from its log included), then after a clean stop.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,12 +26,22 @@ struct Step {
     ops: f64,
 }
 
-/// After the fill: memory and the restart of a follower.
+/// After the fill: memory and the restarts of a follower.
 struct Ending {
     kind: TargetKind,
     rss: Vec<(String, Option<f64>)>,
-    /// The restarted follower, its time to exit after SIGTERM and its time from start to ready.
-    restart: Option<(String, Duration, Duration)>,
+    restart: Option<Restarts>,
+}
+
+/// A follower's restarts on its full data directory.
+struct Restarts {
+    name: String,
+    /// From its start to ready after `kill -9`.
+    crashed_ready: Duration,
+    /// Its time to exit after SIGTERM.
+    stop: Duration,
+    /// From its start to ready after that stop.
+    ready: Duration,
 }
 
 pub async fn fill(run: &mut Run, to: u64, inflight: usize, step: u64) -> anyhow::Result<()> {
@@ -109,25 +120,26 @@ async fn fill_target(
     Ok(Ending { kind, rss, restart })
 }
 
-/// Restarts a follower (cluster node or etcd member) with SIGTERM, on its data directory.
-async fn restart_a_follower(
-    run: &mut Run,
-    target: &mut Target,
-) -> anyhow::Result<Option<(String, Duration, Duration)>> {
+/// Restarts a follower (cluster node or etcd member) on its data directory, first after
+/// SIGKILL, then after SIGTERM.
+async fn restart_a_follower(run: &mut Run, target: &mut Target) -> anyhow::Result<Option<Restarts>> {
     let kind = target.kind;
     let restarted = if let Some(cluster) = &mut target.cluster {
         let leader = cluster.leader().await.unwrap_or(0);
         let follower = (leader + 1) % crate::cluster::NODES as usize;
-        run.progress.line(&format!("{kind}: restarting follower node{}", cluster.id(follower)));
+        let name = format!("node{}", cluster.id(follower));
+        run.progress.line(&format!("{kind}: restarting follower {name} after kill -9, then after SIGTERM"));
+        let crashed_ready = cluster.crash_restart(follower).await?;
         let (stop, ready) = cluster.restart(follower).await?;
-        Some((format!("node{}", cluster.id(follower)), stop, ready))
+        Some(Restarts { name, crashed_ready, stop, ready })
     } else if let Some(etcd) = &mut target.etcd {
         let leader = etcd.leader().await.unwrap_or(0);
         let follower = (leader + 1) % etcd.processes().len();
         let name = etcd.processes()[follower].0.clone();
-        run.progress.line(&format!("{kind}: restarting follower {name}"));
+        run.progress.line(&format!("{kind}: restarting follower {name} after kill -9, then after SIGTERM"));
+        let crashed_ready = etcd.crash_restart(follower).await?;
         let (stop, ready) = etcd.restart(follower).await?;
-        Some((name, stop, ready))
+        Some(Restarts { name, crashed_ready, stop, ready })
     } else {
         None
     };
@@ -161,12 +173,15 @@ fn report(run: &mut Run, to: u64, steps: &[Step], endings: &[Ending]) -> anyhow:
             memory.row(vec![ending.kind.to_string(), name.clone(), format!("{rss:.1}")]);
             memory_lines.push(vec![ending.kind.to_string(), name.clone(), report::csv_number(rss)]);
         }
-        if let Some((name, stop, ready)) = &ending.restart {
+        if let Some(restart) = &ending.restart {
             run.say(format!(
-                "{}: restart of follower {name}: exited {:.2} s after SIGTERM, ready {:.2} s after its start",
+                "{}: restarts of follower {}: ready {:.2} s after its start following kill -9; \
+                 exited {:.2} s after SIGTERM, ready {:.2} s after its start",
                 ending.kind,
-                stop.as_secs_f64(),
-                ready.as_secs_f64()
+                restart.name,
+                restart.crashed_ready.as_secs_f64(),
+                restart.stop.as_secs_f64(),
+                restart.ready.as_secs_f64()
             ));
         }
     }
