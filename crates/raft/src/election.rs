@@ -32,7 +32,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -86,6 +86,8 @@ pub struct Elector {
     tick: Duration,
     /// False while this node must not lead: it does not stand, and leading it lets others stand.
     may_lead: Arc<AtomicBool>,
+    /// When this node last heard from a leader other than itself (see [`Elector::leader_heard_at`]).
+    leader_heard: Arc<Mutex<Option<std::time::Instant>>>,
     metrics: ElectionMetrics,
 }
 
@@ -141,6 +143,7 @@ impl Elector {
             spread: max.saturating_sub(min),
             tick,
             may_lead: Arc::new(AtomicBool::new(true)),
+            leader_heard: Arc::default(),
             metrics: ElectionMetrics::register(registry)?,
         })
     }
@@ -171,6 +174,14 @@ impl Elector {
     pub async fn since_leader(&self) -> Option<Duration> {
         let standing = tokio::time::timeout(self.lease, self.standing()).await.ok().flatten();
         standing.filter(|standing| !standing.leading).and_then(|standing| standing.since_leader)
+    }
+
+    /// When this node last heard from a leader other than itself (an append or a heartbeat), as
+    /// of the elector's last look (every heartbeat interval): `None` before it first did. It stays
+    /// where it was while this node stands or leads, so a new leader knows when it last heard
+    /// the old one.
+    pub fn leader_heard_at(&self) -> Option<std::time::Instant> {
+        *self.leader_heard.lock().unwrap()
     }
 
     /// Allows or forbids this node to lead. While forbidden it never stands for election and,
@@ -246,6 +257,8 @@ impl Elector {
                 leader_known = Instant::now();
             } else if let Some(heard) = standing.since_leader.and_then(|since| Instant::now().checked_sub(since)) {
                 leader_known = leader_known.max(heard);
+                let mut leader_heard = self.leader_heard.lock().unwrap();
+                *leader_heard = (*leader_heard).max(Some(heard.into_std()));
             }
             if Instant::now() < next_try {
                 continue;

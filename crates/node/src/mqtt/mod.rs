@@ -223,7 +223,8 @@ impl FrontEnd {
                 Dispatch::Gained => {
                     self.leading.store(true, Ordering::Release);
                     self.link.follow_role(true);
-                    let takeover = self.shadow.lock().unwrap().take_over(Instant::now());
+                    let heard = self.node.elector.leader_heard_at();
+                    let takeover = self.shadow.lock().unwrap().take_over(Instant::now(), heard);
                     self.metrics.shadow_size.set(0);
                     tracing::info!(
                         execute = takeover.execute.len(),
@@ -492,10 +493,11 @@ impl FrontEnd {
                     continue;
                 }
                 let reader = &self.node.reader;
-                let settled =
-                    shadow.settle(Instant::now(), applied.iter().flat_map(AppliedRequests::identities), |identity| {
-                        reader.dedup_lookup(identity).map(|found| found.is_some()).unwrap_or(false)
-                    });
+                let heard = self.node.elector.leader_heard_at();
+                let applied = applied.iter().flat_map(AppliedRequests::identities);
+                let settled = shadow.settle(Instant::now(), heard, applied, |identity| {
+                    reader.dedup_lookup(identity).map(|found| found.is_some()).unwrap_or(false)
+                });
                 self.metrics.shadow_size.set(shadow.len() as i64);
                 settled
             };

@@ -39,8 +39,12 @@ pub struct Shadowed {
 pub const LOOKUP_AFTER: Duration = Duration::from_secs(1);
 /// Most dedup lookups one settle makes.
 pub const LOOKUPS_PER_SETTLE: usize = 256;
-/// A new leader answers again the writes seen applied within this long of the last one seen
-/// applied: the old leader answers as it applies, so only its last moments may be unanswered.
+/// A new leader answers again the writes it saw applied within this long before it last heard
+/// from the old leader, or after: the old leader answers as it applies, so only what it applied
+/// in its last moments may be unanswered, and the entries it left uncommitted are applied only
+/// once the new leader commits them, an election later. (Measured from the last write seen
+/// applied instead, those late applies pushed out the old leader's last ones: a write it applied
+/// and answered just before it was killed, its answer never sent, was not answered again.)
 pub const REANSWER_WINDOW: Duration = Duration::from_millis(500);
 /// A new leader answers again the reads received within this long: more than an election
 /// takes, so every read received after the old leader was lost is among them.
@@ -51,9 +55,6 @@ const UNBOUNDED_KEEP: Duration = Duration::from_secs(60);
 /// Shadowed requests in arrival order, at most `capacity` of them.
 pub struct Shadow {
     capacity: usize,
-    /// When a write was last seen applied: writes seen applied more than [`REANSWER_WINDOW`]
-    /// before it are no longer needed.
-    last_applied: Option<Instant>,
     /// The arrival number of `queue[0]`.
     first: u64,
     /// Requests by arrival number (minus `first`); `None`: replaced by a redelivery.
@@ -70,7 +71,6 @@ impl Shadow {
     pub fn new(capacity: usize) -> Shadow {
         Shadow {
             capacity,
-            last_applied: None,
             first: 0,
             queue: VecDeque::new(),
             unsettled: VecDeque::new(),
@@ -124,10 +124,12 @@ impl Shadow {
 
     /// Marks the writes in `applied` (from the apply feed) as acknowledged and returns copies
     /// of them to acknowledge; looks up writes unsettled for [`LOOKUP_AFTER`] with `lookup`;
-    /// forgets, from the oldest on, what expired or was kept long enough.
+    /// forgets, from the oldest on, what expired or was kept long enough: a new leader would
+    /// not answer it again, having last heard from the old one at `leader_heard`.
     pub fn settle<'a>(
         &mut self,
         now: Instant,
+        leader_heard: Option<Instant>,
         applied: impl IntoIterator<Item = &'a RequestIdentity>,
         mut lookup: impl FnMut(&RequestIdentity) -> bool,
     ) -> Settled {
@@ -139,7 +141,6 @@ impl Shadow {
                     shadowed.acked = true;
                     shadowed.applied_at = Some(now);
                     settled.applied.push(shadowed.receipt.clone());
-                    self.last_applied = Some(now);
                 }
             }
         }
@@ -162,7 +163,6 @@ impl Shadow {
                 shadowed.acked = true;
                 shadowed.applied_at = Some(now);
                 settled.applied.push(shadowed.receipt.clone());
-                self.last_applied = Some(now);
             } else {
                 still_unsettled.push(seq);
             }
@@ -177,7 +177,7 @@ impl Shadow {
                 Some(Some(shadowed)) => {
                     shadowed.inbound.expired(now)
                         || now.duration_since(shadowed.received) >= UNBOUNDED_KEEP
-                        || (shadowed.acked && !needed_by_a_new_leader(shadowed, self.last_applied, now))
+                        || (shadowed.acked && !needed_by_a_new_leader(shadowed, leader_heard, now))
                 }
             };
             if !gone {
@@ -192,19 +192,19 @@ impl Shadow {
     }
 
     /// Empties the shadow for a new leader, in arrival order: writes not seen applied are
-    /// executed; writes seen applied within [`REANSWER_WINDOW`] of the last one seen applied
-    /// are answered again from the dedup table (the old leader may have died before answering
-    /// them; the earlier ones it answered as it applied them); reads and invalid requests
-    /// received within [`READ_REANSWER_WINDOW`] of `now` are answered again. The rest were
-    /// answered and are acknowledged already: they are only counted.
-    pub fn take_over(&mut self, now: Instant) -> Takeover {
+    /// executed; writes seen applied within [`REANSWER_WINDOW`] before `leader_heard` (when
+    /// this node last heard from the old leader) or after it are answered again from the dedup
+    /// table (the old leader may have died before answering them; the earlier ones it answered
+    /// as it applied them); reads and invalid requests received within [`READ_REANSWER_WINDOW`]
+    /// of `now` are answered again. The rest were answered and are acknowledged already: they
+    /// are only counted.
+    pub fn take_over(&mut self, now: Instant, leader_heard: Option<Instant>) -> Takeover {
         let drained = self.drain();
-        let last_applied = drained.iter().filter_map(|s| s.applied_at).max();
         let mut takeover = Takeover::default();
         for request in drained {
             if !request.acked {
                 takeover.execute.push(request);
-            } else if !needed_by_a_new_leader(&request, last_applied, now) {
+            } else if !needed_by_a_new_leader(&request, leader_heard, now) {
                 takeover.answered += 1;
             } else if request.applied_at.is_some() {
                 takeover.reanswer.push(request);
@@ -301,12 +301,15 @@ pub struct Settled {
 }
 
 /// Whether a request that needs no more acknowledgement (a read, or a write seen applied) would
-/// still be answered by [`Shadow::take_over`]: a write seen applied within [`REANSWER_WINDOW`] of
-/// the last one, a read or an invalid request received within [`READ_REANSWER_WINDOW`]. Anything
-/// older was answered by the leader that applied it, so keeping it longer only costs memory.
-fn needed_by_a_new_leader(request: &Shadowed, last_applied: Option<Instant>, now: Instant) -> bool {
+/// still be answered by [`Shadow::take_over`]: a write seen applied within [`REANSWER_WINDOW`]
+/// before the leader was last heard from (`leader_heard`; `None`: never, so kept) or after it, a
+/// read or an invalid request received within [`READ_REANSWER_WINDOW`]. Anything older was
+/// answered by the leader that applied it, so keeping it longer only costs memory. While the
+/// leader is heard every heartbeat this keeps about the last [`REANSWER_WINDOW`] of applied
+/// writes; once it goes quiet, nothing it applied in its last moments leaves.
+fn needed_by_a_new_leader(request: &Shadowed, leader_heard: Option<Instant>, now: Instant) -> bool {
     match request.applied_at {
-        Some(at) => last_applied.is_none_or(|last| last.duration_since(at) <= REANSWER_WINDOW),
+        Some(at) => leader_heard.is_none_or(|heard| heard.duration_since(at) <= REANSWER_WINDOW),
         None => now.duration_since(request.received) <= READ_REANSWER_WINDOW,
     }
 }
@@ -361,13 +364,13 @@ mod tests {
         let now = Instant::now();
         let mut shadow = shadow_of(1..=5, now);
         let even: Vec<RequestIdentity> = [2, 4].iter().map(|c| set(*c, now).inbound.identity().unwrap()).collect();
-        let settled = shadow.settle(now, &even, |_| panic!("young requests are not looked up"));
+        let settled = shadow.settle(now, Some(now), &even, |_| panic!("young requests are not looked up"));
         assert_eq!(settled.applied.len(), 2, "applied writes are acknowledged");
         assert!(settled.forgotten.is_empty(), "and kept, in case the leader died before answering");
-        assert!(shadow.settle(now, &even, |_| true).applied.is_empty(), "each is acknowledged once");
-        let looked_up = shadow.settle(now + LOOKUP_AFTER, &[], |_| true);
+        assert!(shadow.settle(now, Some(now), &even, |_| true).applied.is_empty(), "each is acknowledged once");
+        let looked_up = shadow.settle(now + LOOKUP_AFTER, Some(now), &[], |_| true);
         assert_eq!(looked_up.applied.len(), 3, "what the feed missed is looked up once it is old enough");
-        let expired = shadow.settle(now + Duration::from_secs(11), &[], |_| true);
+        let expired = shadow.settle(now + Duration::from_secs(11), Some(now), &[], |_| true);
         assert_eq!(correlations(&expired.forgotten), vec![1, 2, 3, 4, 5], "every one leaves, in order, by expiry");
         assert!(shadow.is_empty());
     }
@@ -378,16 +381,40 @@ mod tests {
         let mut shadow = shadow_of(1..=5, now);
         let identity = |c: u8| set(c, now).inbound.identity().unwrap();
         let at = |ms: u64| now + Duration::from_millis(ms);
-        assert!(shadow.settle(at(0), &[identity(1), identity(2)], |_| false).forgotten.is_empty());
-        assert!(shadow.settle(at(300), &[identity(3)], |_| false).forgotten.is_empty());
-        let settled = shadow.settle(at(800), &[identity(4), identity(5)], |_| false);
+        // The leader is heard every heartbeat.
+        assert!(shadow.settle(at(0), Some(at(0)), &[identity(1), identity(2)], |_| false).forgotten.is_empty());
+        assert!(shadow.settle(at(300), Some(at(300)), &[identity(3)], |_| false).forgotten.is_empty());
+        let settled = shadow.settle(at(800), Some(at(800)), &[identity(4), identity(5)], |_| false);
         assert_eq!(
             correlations(&settled.forgotten),
             vec![1, 2],
-            "applied more than the re-answer window before the last applied write"
+            "applied more than the re-answer window before the leader was last heard"
         );
-        let takeover = shadow.take_over(at(5_000));
+        let takeover = shadow.take_over(at(5_000), Some(at(800)));
         assert_eq!(correlations(&takeover.reanswer), vec![3, 4, 5], "what was kept is what a new leader answers");
+        assert_eq!(takeover.answered, 0);
+    }
+
+    /// The drill's lost answer: the old leader applied and answered 1 and was killed before its
+    /// answer left; 2 and 3, which it had replicated, were applied here only when this node,
+    /// leading after an election of 750 ms, committed them. Measured from the last write seen
+    /// applied, 1 was forgotten then and never answered again.
+    #[test]
+    fn writes_a_new_leader_commits_do_not_push_out_what_the_old_leader_applied_last() {
+        let now = Instant::now();
+        let mut shadow = shadow_of(1..=3, now);
+        let identity = |c: u8| set(c, now).inbound.identity().unwrap();
+        let at = |ms: u64| now + Duration::from_millis(ms);
+        assert!(shadow.settle(at(5), Some(at(0)), &[identity(1)], |_| false).forgotten.is_empty());
+        // The old leader is last heard at 50 ms; settling goes on while the others elect.
+        for ms in (100..800).step_by(20) {
+            assert!(shadow.settle(at(ms), Some(at(50)), &[], |_| false).forgotten.is_empty(), "at {ms} ms");
+        }
+        // Leading now, this node commits and applies what the old leader left uncommitted.
+        let settled = shadow.settle(at(800), Some(at(50)), &[identity(2), identity(3)], |_| false);
+        assert!(settled.forgotten.is_empty(), "{:?}", correlations(&settled.forgotten));
+        let takeover = shadow.take_over(at(810), Some(at(50)));
+        assert_eq!(correlations(&takeover.reanswer), vec![1, 2, 3]);
         assert_eq!(takeover.answered, 0);
     }
 
@@ -395,7 +422,7 @@ mod tests {
     fn a_new_leader_drains_applied_and_unapplied_requests_in_order() {
         let now = Instant::now();
         let mut shadow = shadow_of(1..=4, now);
-        shadow.settle(now, &[set(2, now).inbound.identity().unwrap()], |_| false);
+        shadow.settle(now, Some(now), &[set(2, now).inbound.identity().unwrap()], |_| false);
         let drained = shadow.drain();
         assert_eq!(correlations(&drained), vec![1, 2, 3, 4]);
         assert_eq!(drained.iter().map(|s| s.acked).collect::<Vec<_>>(), vec![false, true, false, false]);
@@ -410,15 +437,15 @@ mod tests {
         shadow.insert(old_read);
         let identity = |c: u8| set(c, start).inbound.identity().unwrap();
         // 1 was applied long before the leader was lost, 2 in its last moments; 3 and 4 never.
-        shadow.settle(start, &[identity(1)], |_| false);
+        shadow.settle(start, Some(start), &[identity(1)], |_| false);
         let lost_at = start + Duration::from_secs(2);
-        let settled = shadow.settle(lost_at, &[identity(2)], |_| false);
+        let settled = shadow.settle(lost_at, Some(lost_at), &[identity(2)], |_| false);
         assert_eq!(correlations(&settled.forgotten), vec![1], "a new leader would not answer 1 again");
         let later = lost_at + Duration::from_millis(800);
         let mut recent_read = shadowed(6, Get { key: b"k".to_vec() }.encode(), later);
         recent_read.acked = true;
         shadow.insert(recent_read);
-        let takeover = shadow.take_over(later + READ_REANSWER_WINDOW);
+        let takeover = shadow.take_over(later + READ_REANSWER_WINDOW, Some(lost_at));
         assert_eq!(correlations(&takeover.execute), vec![3, 4, 6], "unapplied writes and the recent read");
         assert_eq!(correlations(&takeover.reanswer), vec![2], "the write applied last");
         assert_eq!(takeover.answered, 1, "the old read");
@@ -454,7 +481,7 @@ mod tests {
         let expected: Vec<u8> = (250..300u32).map(|n| (n % 70) as u8).collect();
         assert_eq!(held, expected, "the newest copy of each, in arrival order");
         let identities: Vec<RequestIdentity> = (0..70).map(|c| set(c, now).inbound.identity().unwrap()).collect();
-        let settled = shadow.settle(now, &identities, |_| panic!("everything held is named by the feed"));
+        let settled = shadow.settle(now, Some(now), &identities, |_| panic!("everything held is named by the feed"));
         assert_eq!(settled.applied.len(), 50, "every held request is found by its identity");
         assert_eq!(correlations(&shadow.drain()), expected);
         assert!(shadow.is_empty() && shadow.find(&identities[0]).is_none());
@@ -468,8 +495,8 @@ mod tests {
         let mut read = shadowed(2, Get { key: b"k".to_vec() }.encode(), now);
         read.acked = true;
         shadow.insert(read);
-        assert!(shadow.settle(now + Duration::from_millis(500), &[], |_| false).forgotten.is_empty());
-        let expired = shadow.settle(now + Duration::from_secs(11), &[], |_| false).forgotten;
+        assert!(shadow.settle(now + Duration::from_millis(500), Some(now), &[], |_| false).forgotten.is_empty());
+        let expired = shadow.settle(now + Duration::from_secs(11), Some(now), &[], |_| false).forgotten;
         assert_eq!(correlations(&expired), vec![1, 2], "the expired write, then the read kept past its retention");
     }
 
@@ -485,12 +512,12 @@ mod tests {
         }
         assert_eq!(shadow.len(), 20_000);
         let mut lookups = 0;
-        shadow.settle(now, &[], |_| {
+        shadow.settle(now, Some(now), &[], |_| {
             lookups += 1;
             true
         });
         assert_eq!(lookups, 0, "nothing young is looked up");
-        let settled = shadow.settle(now + LOOKUP_AFTER, &[], |_| {
+        let settled = shadow.settle(now + LOOKUP_AFTER, Some(now), &[], |_| {
             lookups += 1;
             false
         });
@@ -499,7 +526,7 @@ mod tests {
         assert_eq!(shadow.unsettled.len(), 20_000, "what was looked up keeps its place");
         let applied: Vec<RequestIdentity> =
             shadow.queue.iter().flatten().filter_map(|s| s.inbound.identity()).collect();
-        shadow.settle(now + LOOKUP_AFTER, &applied, |_| panic!("everything was applied"));
+        shadow.settle(now + LOOKUP_AFTER, Some(now), &applied, |_| panic!("everything was applied"));
         assert!(shadow.unsettled.is_empty(), "settled slots leave the unsettled queue");
     }
 }
