@@ -112,10 +112,8 @@ impl RaftStateMachine<TypeConfig> for StateStore {
     type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), RaftStorageError> {
-        let meta = cf(&self.db, Table::Meta.name());
-        let last_applied = meta_value(self.db.get_cf(meta, LAST_APPLIED).map_err(read_error)?)?;
-        let membership = meta_value(self.db.get_cf(meta, MEMBERSHIP).map_err(read_error)?)?;
-        Ok((last_applied, membership))
+        let membership = meta_value(self.db.get_cf(cf(&self.db, Table::Meta.name()), MEMBERSHIP).map_err(read_error)?)?;
+        Ok((last_applied(&self.db)?, membership))
     }
 
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<ApplyResult>, RaftStorageError>
@@ -470,10 +468,14 @@ pub(crate) fn resume_install(db: &DB, snapshots: &SnapshotDir) -> Result<(), Raf
     install(db, &meta, &data, snapshots)
 }
 
+/// The log id of the last batch applied to the tables.
+fn last_applied(db: &DB) -> Result<Option<LogId>, RaftStorageError> {
+    meta_value(db.get_cf(cf(db, Table::Meta.name()), LAST_APPLIED).map_err(read_error)?)
+}
+
 /// The log index of the last batch applied to the tables (0 before any).
 pub(crate) fn applied_index(db: &DB) -> Result<u64, RaftStorageError> {
-    let applied: Option<LogId> = meta_value(db.get_cf(cf(db, Table::Meta.name()), LAST_APPLIED).map_err(read_error)?)?;
-    Ok(applied.map_or(0, |id| id.index))
+    Ok(last_applied(db)?.map_or(0, |id| id.index))
 }
 
 /// Flushes the memtables, so that everything applied before the call is on disk, and records
