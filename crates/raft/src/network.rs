@@ -178,10 +178,16 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> PeerClient {
+        let addr = self.address(target, node);
+        let endpoints = [APPEND_PATH, VOTE_PATH, SNAPSHOT_PATH]
+            .into_iter()
+            .filter_map(|path| Some((path, reqwest::Url::parse(&format!("{addr}{path}")).ok()?)))
+            .collect();
         PeerClient {
             client: self.client.clone(),
             target,
-            addr: self.address(target, node),
+            addr,
+            endpoints,
             retry_after: self.retry_after,
             append_budget: MAX_APPEND_BYTES,
             checks: self.checks.clone(),
@@ -194,6 +200,8 @@ pub struct PeerClient {
     client: reqwest::Client,
     target: NodeId,
     addr: String,
+    /// The URL of each RPC path, parsed once (reqwest would parse a string on every request).
+    endpoints: Vec<(&'static str, reqwest::Url)>,
     retry_after: Duration,
     /// How many entry bytes the next append request may carry.
     append_budget: usize,
@@ -218,7 +226,7 @@ impl PeerClient {
     /// Sends one RPC; `Ok(None)` when the peer did not answer within the deadline.
     async fn call<Req, Resp, E>(
         &self,
-        path: &str,
+        path: &'static str,
         request: &Req,
         option: &RPCOption,
     ) -> Result<Option<Resp>, RPCError<NodeId, Node, RaftError<NodeId, E>>>
@@ -229,7 +237,12 @@ impl PeerClient {
     {
         let network = |detail: String| RPCError::Network(NetworkError::new(&RpcFailure(detail)));
         let body = encode(request).map_err(|e| network(format!("encoding the request: {e}")))?;
-        let sent = stamp(self.client.post(format!("{}{path}", self.addr)), &self.checks, self.target)
+        let post = match self.endpoints.iter().find(|(known, _)| *known == path) {
+            Some((_, url)) => self.client.post(url.clone()),
+            // An address that does not parse: reqwest reports it.
+            None => self.client.post(format!("{}{path}", self.addr)),
+        };
+        let sent = stamp(post, &self.checks, self.target)
             .header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE)
             .timeout(option.hard_ttl())
             .body(body)

@@ -31,6 +31,11 @@ impl Table {
     pub const ALL: [Table; 7] =
         [Table::Keys, Table::Expiry, Table::Watchers, Table::WatchedKeys, Table::Dedup, Table::Outbox, Table::Meta];
 
+    /// The table's position in [`Table::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// A stable name, e.g. for a RocksDB column family.
     pub fn name(self) -> &'static str {
         match self {
@@ -84,32 +89,29 @@ pub trait Storage: StorageRead {
     fn write(&mut self, batch: Batch) -> Result<(), StorageError>;
 }
 
-/// The first key at or after which `prefix`/`after` entries begin in a map keyed by
-/// `(table, key)`: past `after` when it is inside or beyond the prefix range, else the prefix.
-fn lower_bound(table: Table, prefix: &[u8], after: Option<&[u8]>) -> Bound<(Table, Vec<u8>)> {
-    match after {
-        Some(after) if after >= prefix => Bound::Excluded((table, after.to_vec())),
-        _ => Bound::Included((table, prefix.to_vec())),
-    }
-}
+/// One map per table, indexed by [`Table::index`]: a lookup borrows the key instead of building
+/// a `(table, key)` pair, and the tables iterate in [`Table`] order.
+type TableMaps<V> = [BTreeMap<Vec<u8>, V>; Table::ALL.len()];
 
-/// Entries of `map` in `table` with `prefix`, after `after`, in order.
+/// Entries of `map` whose key starts with `prefix` and is greater than `after` (when inside or
+/// beyond the prefix range), in order.
 fn range<'m, V>(
-    map: &'m BTreeMap<(Table, Vec<u8>), V>,
-    table: Table,
+    map: &'m BTreeMap<Vec<u8>, V>,
     prefix: &'m [u8],
     after: Option<&[u8]>,
 ) -> impl Iterator<Item = (&'m Vec<u8>, &'m V)> + 'm {
-    map.range((lower_bound(table, prefix, after), Bound::Unbounded))
-        .take_while(move |((t, key), _)| *t == table && key.starts_with(prefix))
-        .map(|((_, key), value)| (key, value))
+    let lower = match after {
+        Some(after) if after >= prefix => Bound::Excluded(after),
+        _ => Bound::Included(prefix),
+    };
+    map.range::<[u8], _>((lower, Bound::Unbounded)).take_while(move |(key, _)| key.starts_with(prefix))
 }
 
 /// A transaction over a read-only base: buffers writes in memory and serves reads from them
 /// first, so later entries of one apply batch see earlier ones.
 pub struct Overlay<'a, S: StorageRead + ?Sized> {
     base: &'a S,
-    writes: BTreeMap<(Table, Vec<u8>), Option<Vec<u8>>>,
+    writes: TableMaps<Option<Vec<u8>>>,
     /// What the base held for the meta keys read so far. A few meta records (the clock, the
     /// counters) are read by every entry of a batch; the base does not change while the
     /// overlay lives, and a write of the overlay is looked up before this.
@@ -118,22 +120,27 @@ pub struct Overlay<'a, S: StorageRead + ?Sized> {
 
 impl<'a, S: StorageRead + ?Sized> Overlay<'a, S> {
     pub fn new(base: &'a S) -> Self {
-        Overlay { base, writes: BTreeMap::new(), meta_reads: RefCell::default() }
+        Overlay { base, writes: Default::default(), meta_reads: RefCell::default() }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.writes.is_empty()
+        self.writes.iter().all(BTreeMap::is_empty)
     }
 
     /// The buffered writes, ready to commit.
     pub fn into_batch(self) -> Batch {
-        Batch { writes: self.writes.into_iter().map(|((table, key), value)| (table, key, value)).collect() }
+        let writes = Table::ALL
+            .into_iter()
+            .zip(self.writes)
+            .flat_map(|(table, writes)| writes.into_iter().map(move |(key, value)| (table, key, value)))
+            .collect();
+        Batch { writes }
     }
 }
 
 impl<S: StorageRead + ?Sized> StorageRead for Overlay<'_, S> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        if let Some(write) = self.writes.get(&(table, key.to_vec())) {
+        if let Some(write) = self.writes[table.index()].get(key) {
             return Ok(write.clone());
         }
         if table != Table::Meta {
@@ -155,7 +162,7 @@ impl<S: StorageRead + ?Sized> StorageRead for Overlay<'_, S> {
             let base = self.base.scan(table, prefix, cursor.as_deref(), limit)?;
             let base_exhausted = base.len() < limit;
             let upper = if base_exhausted { None } else { base.last().map(|(k, _)| k.clone()) };
-            let buffered = range(&self.writes, table, prefix, cursor.as_deref())
+            let buffered = range(&self.writes[table.index()], prefix, cursor.as_deref())
                 .take_while(|(key, _)| upper.as_ref().is_none_or(|upper| *key <= upper));
             let mut base = base.into_iter().peekable();
             let mut buffered = buffered.peekable();
@@ -196,18 +203,18 @@ impl<S: StorageRead + ?Sized> StorageRead for Overlay<'_, S> {
 
 impl<S: StorageRead + ?Sized> Txn for Overlay<'_, S> {
     fn put(&mut self, table: Table, key: Vec<u8>, value: Vec<u8>) {
-        self.writes.insert((table, key), Some(value));
+        self.writes[table.index()].insert(key, Some(value));
     }
 
     fn delete(&mut self, table: Table, key: Vec<u8>) {
-        self.writes.insert((table, key), None);
+        self.writes[table.index()].insert(key, None);
     }
 }
 
-/// Storage in a `BTreeMap`, for tests and benchmarks.
+/// Storage in `BTreeMap`s, for tests and benchmarks.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct MemStorage {
-    entries: BTreeMap<(Table, Vec<u8>), Vec<u8>>,
+    tables: TableMaps<Vec<u8>>,
 }
 
 impl MemStorage {
@@ -217,26 +224,27 @@ impl MemStorage {
 
     /// Number of entries in `table`.
     pub fn len(&self, table: Table) -> usize {
-        range(&self.entries, table, &[], None).count()
+        self.tables[table.index()].len()
     }
 }
 
 impl StorageRead for MemStorage {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        Ok(self.entries.get(&(table, key.to_vec())).cloned())
+        Ok(self.tables[table.index()].get(key).cloned())
     }
 
     fn scan(&self, table: Table, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Result<ScanPage, StorageError> {
-        Ok(range(&self.entries, table, prefix, after).take(limit).map(|(k, v)| (k.clone(), v.clone())).collect())
+        Ok(range(&self.tables[table.index()], prefix, after).take(limit).map(|(k, v)| (k.clone(), v.clone())).collect())
     }
 }
 
 impl Storage for MemStorage {
     fn write(&mut self, batch: Batch) -> Result<(), StorageError> {
         for (table, key, value) in batch.writes {
+            let entries = &mut self.tables[table.index()];
             match value {
-                Some(value) => self.entries.insert((table, key), value),
-                None => self.entries.remove(&(table, key)),
+                Some(value) => entries.insert(key, value),
+                None => entries.remove(&key),
             };
         }
         Ok(())
@@ -246,6 +254,13 @@ impl Storage for MemStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_table_index_is_its_place_in_all() {
+        for (index, table) in Table::ALL.into_iter().enumerate() {
+            assert_eq!(table.index(), index, "{table:?}");
+        }
+    }
 
     #[test]
     fn scan_respects_prefix_after_and_limit() {
