@@ -30,6 +30,11 @@ pub enum Mode {
         /// Seconds of load before each level's measurement.
         #[arg(long, default_value_t = 2)]
         warmup: u64,
+        /// Sweeps of every target, the targets' order rotated each round; ratios are reported per
+        /// round and as medians across rounds (a machine whose speed drifts moves one round's
+        /// ratios, less their median).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+        rounds: u64,
     },
     /// Open loop at a fixed rate: latency from the scheduled send time.
     Rate {
@@ -173,8 +178,8 @@ impl Mode {
         let targets = targets.max(1) as u64;
         let timeout = self.common().map_or(10, |c| c.timeout);
         match self {
-            Mode::Sweep { levels, secs, warmup, .. } => {
-                targets * (START + levels.len() as u64 * (warmup + secs + timeout))
+            Mode::Sweep { levels, secs, warmup, rounds, .. } => {
+                rounds * targets * (START + levels.len() as u64 * (warmup + secs + timeout))
             }
             Mode::Rate { secs, warmup, .. } => targets * (2 * START + 4 + 2 * timeout + warmup + secs),
             // At a pessimistic 200 writes per second, plus the restart.

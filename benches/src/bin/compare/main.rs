@@ -132,8 +132,9 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
 
     let work = async {
         match &mode {
-            Mode::Sweep { levels, secs, warmup, .. } => {
-                modes::sweep(&mut run, levels, Duration::from_secs(*warmup), Duration::from_secs(*secs)).await
+            Mode::Sweep { levels, secs, warmup, rounds, .. } => {
+                let (warmup, length) = (Duration::from_secs(*warmup), Duration::from_secs(*secs));
+                modes::sweep(&mut run, levels, warmup, length, *rounds as usize).await
             }
             Mode::Rate { rate, secs, warmup, .. } => {
                 modes::rate(&mut run, *rate, Duration::from_secs(*warmup), Duration::from_secs(*secs)).await

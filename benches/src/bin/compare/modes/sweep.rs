@@ -1,5 +1,7 @@
 //! `sweep`: closed loops at several in-flight levels on every target; throughput, latency and
-//! CPU side by side, and the ratios the project tracks.
+//! CPU side by side, and the ratios the project tracks. With several rounds the whole sweep is
+//! repeated, the targets' order rotated each round, and the ratios are reported per round and as
+//! medians across rounds.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +12,7 @@ use crate::report::{self, Table};
 use crate::svg::{self, Chart, Line};
 use crate::targets::{Target, TargetKind};
 
-const CSV_HEADERS: [&str; 14] = [
+const CSV_HEADERS: [&str; 15] = [
     "target",
     "inflight",
     "ops_per_s",
@@ -25,40 +27,94 @@ const CSV_HEADERS: [&str; 14] = [
     "cpu_detail",
     "cpu_other_processes",
     "leader_requests_per_fsync",
+    "round",
 ];
 
 struct Row {
+    round: usize,
     kind: TargetKind,
     inflight: usize,
     measured: Measured,
 }
 
-pub async fn sweep(run: &mut Run, levels: &[usize], warmup: Duration, length: Duration) -> anyhow::Result<()> {
-    let workload = Arc::new(Workload::random_keys(run.keys, run.value_size));
-    let mut rows = Vec::new();
-    for kind in run.targets.clone() {
-        run.progress.line(&format!("{kind}: starting"));
-        if let Err(error) = sweep_target(run, kind, &workload, levels, warmup, length, &mut rows).await {
-            run.failed(kind, error);
+impl Row {
+    fn point(&self) -> Point {
+        Point {
+            round: self.round,
+            kind: self.kind,
+            inflight: self.inflight,
+            ops: self.measured.ops,
+            p99: self.measured.latency.p99,
         }
     }
-    report(run, levels, &rows)
+}
+
+/// What the ratios and the chart need of one measurement.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Point {
+    round: usize,
+    kind: TargetKind,
+    inflight: usize,
+    ops: f64,
+    p99: f64,
+}
+
+pub async fn sweep(
+    run: &mut Run,
+    levels: &[usize],
+    warmup: Duration,
+    length: Duration,
+    rounds: usize,
+) -> anyhow::Result<()> {
+    let workload = Arc::new(Workload::random_keys(run.keys, run.value_size));
+    let mut rows = Vec::new();
+    for round in 1..=rounds {
+        for kind in round_order(&run.targets, round) {
+            if rounds > 1 {
+                run.progress.line(&format!("{kind}: round {round} of {rounds}, starting"));
+            } else {
+                run.progress.line(&format!("{kind}: starting"));
+            }
+            let sweep = Sweep { round, kind, levels, warmup, length };
+            if let Err(error) = sweep_target(run, &sweep, &workload, &mut rows).await {
+                run.failed(kind, error);
+            }
+        }
+    }
+    report(run, levels, rounds, &rows)
+}
+
+/// The targets in the order round `round` (from 1) measures them: rotated by one each round, so
+/// that no target always runs first, or always last, on a machine whose speed drifts.
+fn round_order(targets: &[TargetKind], round: usize) -> Vec<TargetKind> {
+    let mut order = targets.to_vec();
+    if !order.is_empty() {
+        let by = (round - 1) % order.len();
+        order.rotate_left(by);
+    }
+    order
+}
+
+/// One target's sweep in one round.
+struct Sweep<'a> {
+    round: usize,
+    kind: TargetKind,
+    levels: &'a [usize],
+    warmup: Duration,
+    length: Duration,
 }
 
 async fn sweep_target(
     run: &mut Run,
-    kind: TargetKind,
+    sweep: &Sweep<'_>,
     workload: &Arc<Workload>,
-    levels: &[usize],
-    warmup: Duration,
-    length: Duration,
     rows: &mut Vec<Row>,
 ) -> anyhow::Result<()> {
-    let most = levels.iter().copied().max().unwrap_or(1);
-    let mut target = Target::start(kind, &run.setup, most, false).await?;
-    for &inflight in levels {
-        let measured = measure_closed(run, &mut target, workload, inflight, warmup, length).await?;
-        rows.push(Row { kind, inflight, measured });
+    let most = sweep.levels.iter().copied().max().unwrap_or(1);
+    let mut target = Target::start(sweep.kind, &run.setup, most, false).await?;
+    for &inflight in sweep.levels {
+        let measured = measure_closed(run, &mut target, workload, inflight, sweep.warmup, sweep.length).await?;
+        rows.push(Row { round: sweep.round, kind: sweep.kind, inflight, measured });
         // Written after every level, so an interrupted run keeps what it measured.
         write_csv(run, rows)?;
     }
@@ -86,18 +142,67 @@ fn write_csv(run: &Run, rows: &[Row]) -> anyhow::Result<()> {
                 m.cpu_detail(),
                 report::csv_number(m.cpu_others),
                 m.requests_per_fsync.map(report::csv_number).unwrap_or_default(),
+                row.round.to_string(),
             ]
         })
         .collect();
     report::write_csv(&run.out.join("sweep.csv"), &CSV_HEADERS, &lines)
 }
 
-fn find(rows: &[Row], kind: TargetKind, inflight: usize) -> Option<&Measured> {
-    rows.iter().find(|r| r.kind == kind && r.inflight == inflight).map(|r| &r.measured)
+fn find(points: &[Point], round: usize, kind: TargetKind, inflight: usize) -> Option<&Point> {
+    points.iter().find(|p| p.round == round && p.kind == kind && p.inflight == inflight)
 }
 
-fn report(run: &mut Run, levels: &[usize], rows: &[Row]) -> anyhow::Result<()> {
-    let mut table = Table::new(&[
+/// The cluster's ops/s over `other`'s at `inflight` in `round`.
+fn ops_ratio(points: &[Point], round: usize, other: TargetKind, inflight: usize) -> Option<f64> {
+    let cluster = find(points, round, TargetKind::Cluster, inflight)?;
+    let other = find(points, round, other, inflight)?;
+    (other.ops > 0.0).then(|| cluster.ops / other.ops)
+}
+
+/// The cluster's p99 at 256 in flight over its p99 at 64, in `round`.
+fn tail_ratio(points: &[Point], round: usize) -> Option<f64> {
+    let high = find(points, round, TargetKind::Cluster, 256)?;
+    let low = find(points, round, TargetKind::Cluster, 64)?;
+    (low.p99 > 0.0).then(|| high.p99 / low.p99)
+}
+
+/// The median of `values` (the mean of the middle two for an even count); `None` when empty.
+fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let mut values: Vec<f64> = values.into_iter().filter(|v| v.is_finite()).collect();
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    match values.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(values[middle]),
+        _ => Some((values[middle - 1] + values[middle]) / 2.0),
+    }
+}
+
+/// One point per target and level: the median ops/s and p99 of its rounds.
+fn medians_per_level(points: &[Point]) -> Vec<Point> {
+    let mut out: Vec<Point> = Vec::new();
+    for point in points {
+        if out.iter().any(|p| p.kind == point.kind && p.inflight == point.inflight) {
+            continue;
+        }
+        let same = || points.iter().filter(|p| p.kind == point.kind && p.inflight == point.inflight);
+        out.push(Point {
+            round: 0,
+            ops: median(same().map(|p| p.ops)).unwrap_or(0.0),
+            p99: median(same().map(|p| p.p99)).unwrap_or(0.0),
+            ..*point
+        });
+    }
+    out
+}
+
+fn decimal3(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".into(), |v| format!("{v:.3}"))
+}
+
+fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyhow::Result<()> {
+    let mut headers = vec![
         "target",
         "in flight",
         "ops/s",
@@ -111,11 +216,15 @@ fn report(run: &mut Run, levels: &[usize], rows: &[Row]) -> anyhow::Result<()> {
         "servers",
         "others",
         "req/fsync",
-    ]);
+    ];
+    if rounds > 1 {
+        headers.insert(0, "round");
+    }
+    let mut table = Table::new(&headers);
     for row in rows {
         let m = &row.measured;
         let (bench, broker, servers, total) = m.cpu_split();
-        table.row(vec![
+        let mut cells = vec![
             row.kind.to_string(),
             row.inflight.to_string(),
             report::ops(m.ops),
@@ -129,7 +238,11 @@ fn report(run: &mut Run, levels: &[usize], rows: &[Row]) -> anyhow::Result<()> {
             report::decimal(servers),
             report::decimal(m.cpu_others),
             m.requests_per_fsync.map(report::decimal).unwrap_or_else(|| "-".into()),
-        ]);
+        ];
+        if rounds > 1 {
+            cells.insert(0, row.round.to_string());
+        }
+        table.row(cells);
     }
     run.say(
         "sweep: closed loop, SET of random keys; CPU in CPU-seconds per second (2 cores = 2.00); \
@@ -146,46 +259,60 @@ fn report(run: &mut Run, levels: &[usize], rows: &[Row]) -> anyhow::Result<()> {
         }
     }
 
+    let points: Vec<Point> = rows.iter().map(Row::point).collect();
+    let rounds_list: Vec<usize> = (1..=rounds).collect();
+    if rounds > 1 {
+        let mut per_round = Table::new(&["round", "in flight", "cluster/etcd ops", "cluster/echo ops"]);
+        for &round in &rounds_list {
+            for &level in levels {
+                per_round.row(vec![
+                    round.to_string(),
+                    level.to_string(),
+                    decimal3(ops_ratio(&points, round, TargetKind::Etcd, level)),
+                    decimal3(ops_ratio(&points, round, TargetKind::Echo, level)),
+                ]);
+            }
+        }
+        run.say("\nratios per round");
+        run.say(per_round.render());
+    }
     let mut ratios = Table::new(&["in flight", "cluster/etcd ops", "cluster/echo ops"]);
-    let ratio = |a: Option<&Measured>, b: Option<&Measured>| match (a, b) {
-        (Some(a), Some(b)) if b.ops > 0.0 => format!("{:.3}", a.ops / b.ops),
-        _ => "-".into(),
-    };
     for &level in levels {
-        let cluster = find(rows, TargetKind::Cluster, level);
+        let median_of = |other| median(rounds_list.iter().filter_map(|&round| ops_ratio(&points, round, other, level)));
         ratios.row(vec![
             level.to_string(),
-            ratio(cluster, find(rows, TargetKind::Etcd, level)),
-            ratio(cluster, find(rows, TargetKind::Echo, level)),
+            decimal3(median_of(TargetKind::Etcd)),
+            decimal3(median_of(TargetKind::Echo)),
         ]);
     }
-    run.say("\nratios");
+    run.say(if rounds > 1 { format!("\nratios, median of {rounds} rounds") } else { "\nratios".to_string() });
     run.say(ratios.render());
-    let tail = match (find(rows, TargetKind::Cluster, 256), find(rows, TargetKind::Cluster, 64)) {
-        (Some(high), Some(low)) if low.latency.p99 > 0.0 => format!("{:.2}", high.latency.p99 / low.latency.p99),
-        _ => "- (needs levels 64 and 256)".into(),
+    let tails: Vec<f64> = rounds_list.iter().filter_map(|&round| tail_ratio(&points, round)).collect();
+    let tail = match median(tails.iter().copied()) {
+        None => "- (needs levels 64 and 256)".to_string(),
+        Some(median) if rounds > 1 => {
+            let each: Vec<String> = tails.iter().map(|t| format!("{t:.2}")).collect();
+            format!("{median:.2} (median; per round {})", each.join(", "))
+        }
+        Some(only) => format!("{only:.2}"),
     };
     run.say(format!("cluster p99 at 256 in flight / p99 at 64: {tail}"));
 
-    std::fs::write(run.out.join("sweep.svg"), chart(levels, rows))?;
+    std::fs::write(run.out.join("sweep.svg"), chart(levels, &medians_per_level(&points)))?;
     Ok(())
 }
 
 /// Ops/s and p99 against the in-flight level (levels evenly spaced), one line per target.
-fn chart(levels: &[usize], rows: &[Row]) -> String {
+fn chart(levels: &[usize], points: &[Point]) -> String {
     let x_ticks: Vec<(f64, String)> = levels.iter().enumerate().map(|(i, l)| (i as f64, l.to_string())).collect();
     let position = |inflight: usize| levels.iter().position(|l| *l == inflight).unwrap_or(0) as f64;
-    let lines = |value: &dyn Fn(&Measured) -> f64| {
+    let lines = |value: &dyn Fn(&Point) -> f64| {
         TargetKind::ALL
             .iter()
-            .filter(|kind| rows.iter().any(|r| r.kind == **kind))
+            .filter(|kind| points.iter().any(|p| p.kind == **kind))
             .map(|kind| Line {
                 name: kind.to_string(),
-                points: rows
-                    .iter()
-                    .filter(|r| r.kind == *kind)
-                    .map(|r| (position(r.inflight), value(&r.measured)))
-                    .collect(),
+                points: points.iter().filter(|p| p.kind == *kind).map(|p| (position(p.inflight), value(p))).collect(),
             })
             .collect::<Vec<_>>()
     };
@@ -198,8 +325,60 @@ fn chart(levels: &[usize], rows: &[Row]) -> String {
         x_ticks: Some(x_ticks.clone()),
         dots: true,
     };
-    svg::render(&[
-        chart("Throughput (SET)", "ops/s", lines(&|m| m.ops)),
-        chart("Latency p99", "ms", lines(&|m| m.latency.p99)),
-    ])
+    svg::render(&[chart("Throughput (SET)", "ops/s", lines(&|p| p.ops)), chart("Latency p99", "ms", lines(&|p| p.p99))])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(round: usize, kind: TargetKind, inflight: usize, ops: f64, p99: f64) -> Point {
+        Point { round, kind, inflight, ops, p99 }
+    }
+
+    #[test]
+    fn each_round_starts_with_another_target() {
+        let all = [TargetKind::Echo, TargetKind::Cluster, TargetKind::Etcd];
+        assert_eq!(round_order(&all, 1), all);
+        assert_eq!(round_order(&all, 2), [TargetKind::Cluster, TargetKind::Etcd, TargetKind::Echo]);
+        assert_eq!(round_order(&all, 3), [TargetKind::Etcd, TargetKind::Echo, TargetKind::Cluster]);
+        assert_eq!(round_order(&all, 4), all);
+        assert!(round_order(&[], 2).is_empty());
+    }
+
+    #[test]
+    fn ratios_pair_targets_of_the_same_round_and_take_the_median_across_rounds() {
+        use TargetKind::{Cluster, Echo, Etcd};
+        let points = [
+            // Round 1 on a fast machine, round 2 on one half as fast, round 3 in between.
+            point(1, Echo, 64, 20_000.0, 6.0),
+            point(1, Cluster, 64, 9_000.0, 15.0),
+            point(1, Cluster, 256, 12_000.0, 45.0),
+            point(1, Etcd, 64, 8_000.0, 20.0),
+            point(2, Echo, 64, 10_000.0, 12.0),
+            point(2, Cluster, 64, 5_000.0, 30.0),
+            point(2, Cluster, 256, 6_000.0, 120.0),
+            point(2, Etcd, 64, 5_000.0, 35.0),
+            point(3, Echo, 64, 15_000.0, 8.0),
+            point(3, Cluster, 64, 6_600.0, 20.0),
+            point(3, Etcd, 64, 6_000.0, 25.0),
+        ];
+        assert_eq!(ops_ratio(&points, 1, Echo, 64), Some(0.45));
+        assert_eq!(ops_ratio(&points, 2, Etcd, 64), Some(1.0));
+        assert_eq!(ops_ratio(&points, 1, Etcd, 256), None, "etcd did not run at 256");
+        let rounds = [1, 2, 3];
+        let echo = median(rounds.iter().filter_map(|&r| ops_ratio(&points, r, Echo, 64))).unwrap();
+        assert!((echo - 0.45).abs() < 1e-9, "0.45, 0.5, 0.44: {echo}");
+        assert_eq!(tail_ratio(&points, 1), Some(3.0));
+        assert_eq!(tail_ratio(&points, 2), Some(4.0));
+        assert_eq!(tail_ratio(&points, 3), None, "no 256 in round 3");
+        assert_eq!(median(rounds.iter().filter_map(|&r| tail_ratio(&points, r))), Some(3.5));
+        assert_eq!(median([]), None);
+        assert_eq!(median([f64::NAN, 2.0]), Some(2.0));
+
+        let per_level = medians_per_level(&points);
+        let cluster64 = per_level.iter().find(|p| p.kind == Cluster && p.inflight == 64).unwrap();
+        assert_eq!((cluster64.ops, cluster64.p99), (6_600.0, 20.0));
+        assert_eq!(per_level.len(), 4, "echo 64, cluster 64 and 256, etcd 64");
+    }
 }
