@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark of the state store against the broker alone (echo) and etcd, on this
-# machine, with the same load. Builds the release binaries, then runs `compare`.
+# Side-by-side benchmark of the state store against the broker alone (echo), etcd and NATS KV,
+# on this machine, with the same load. Builds the release binaries, then runs `compare`.
 #
 #   bash benches/compare.sh [MODE] [OPTIONS]
 #
@@ -12,7 +12,7 @@
 #   snapshot   fill --to N keys, then latency under an open loop (--rate) while every node builds
 #              a snapshot and a restarted follower installs one (cluster)
 #
-# Common options: --targets echo,cluster,etcd  --out DIR  --nodes-binary PATH  --keys N
+# Common options: --targets echo,cluster,etcd,nats  --out DIR  --nodes-binary PATH  --keys N
 # --value-size BYTES  --message-expiry SECS  --timeout SECS  --time-limit SECS.
 # `bash benches/compare.sh MODE --help` lists every option. Results (summary.txt, CSV, SVG,
 # process logs) go to benches/results/<UTC time>-<mode>/ unless --out says otherwise.

@@ -6,8 +6,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::targets::TargetKind;
 
-/// Side-by-side benchmark: the state store cluster against the broker alone (echo) and etcd,
-/// on this machine, with the same load. Every process it starts is stopped when it ends.
+/// Side-by-side benchmark: the state store cluster against the broker alone (echo), etcd and
+/// a NATS key-value bucket, on this machine, with the same load. Every process it starts is stopped when it ends.
 #[derive(Debug, Parser)]
 #[command(name = "compare")]
 pub struct Cli {
@@ -108,8 +108,8 @@ pub enum Mode {
 /// Options of every mode.
 #[derive(Debug, Args)]
 pub struct Common {
-    /// Targets to measure, one after another (default: echo,cluster,etcd; fill and partition:
-    /// cluster).
+    /// Targets to measure, one after another (default: echo,cluster,etcd,nats; fill, partition
+    /// and snapshot: cluster).
     #[arg(long, value_delimiter = ',')]
     pub targets: Option<Vec<TargetKind>>,
     /// Output directory (default benches/results/<UTC time>-<mode>).
@@ -122,6 +122,8 @@ pub struct Common {
     pub mosquitto: PathBuf,
     #[arg(long, default_value = "/usr/bin/etcd")]
     pub etcd: PathBuf,
+    #[arg(long, default_value = "/usr/sbin/nats-server")]
+    pub nats: PathBuf,
     /// Keys drawn from (uniformly at random).
     #[arg(long, default_value_t = 10_000)]
     pub keys: u64,

@@ -1,14 +1,16 @@
 //! `compare`: one side-by-side benchmark of the state store against the broker alone (`echo`,
-//! the ceiling any MQTT service has here) and etcd (a Raft store with fsync on), on this
-//! machine, with the same requests, keys, values and in-flight counts. `benches/compare.sh`
+//! the ceiling any MQTT service has here), etcd (a Raft store with fsync on) and a NATS
+//! JetStream key-value bucket, on this machine, with the same requests, keys, values and
+//! in-flight counts. `benches/compare.sh`
 //! builds and runs it; docs/benchmarks.md describes the modes and the output.
 //!
 //! # Layout
 //! - [`cli`]: options; [`modes`]: sweep, rate, fill, sustained, partition.
 //! - [`targets`]: starting and stopping a target: [`broker`] (Mosquitto), [`echo`] (the echo
-//!   responders), [`cluster`] (three `statestore` nodes), [`etcd`]; [`proxy`] cuts node links.
+//!   responders), [`cluster`] (three `statestore` nodes), [`etcd`], [`nats`]; [`proxy`] cuts
+//!   node links.
 //! - [`load`]: closed and open loops over a [`load::Requester`]: [`mqtt_load`] (as the Rust SDK
-//!   sends) or [`etcd::EtcdLoad`] (the JSON gateway).
+//!   sends), [`etcd::EtcdLoad`] (the JSON gateway) or [`nats::NatsLoad`] (KV puts).
 //! - [`stats`]: latencies and counts; [`report`]: tables, CSV, progress; [`svg`]: charts.
 //! - [`processes`]: child processes that are always stopped, CPU and memory from /proc.
 
@@ -20,6 +22,7 @@ mod etcd;
 mod load;
 mod modes;
 mod mqtt_load;
+mod nats;
 mod processes;
 mod proxy;
 mod report;
@@ -86,13 +89,14 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
     if targets.contains(&TargetKind::Cluster) {
         cluster::check_binary(&nodes_binary, None)?;
     }
-    if targets.iter().any(|t| *t != TargetKind::Etcd) && !common.mosquitto.is_file() {
+    if targets.iter().any(|t| matches!(t, TargetKind::Echo | TargetKind::Cluster)) && !common.mosquitto.is_file() {
         bail!("{} does not exist (apt-get install -y mosquitto, or pass --mosquitto)", common.mosquitto.display());
     }
     let setup = Setup {
         mosquitto: common.mosquitto.clone(),
         nodes_binary,
         etcd_binary: common.etcd.clone(),
+        nats_binary: common.nats.clone(),
         request: RequestOptions {
             timeout: Duration::from_secs(common.timeout.max(1)),
             message_expiry_secs: common.message_expiry.max(1),
@@ -127,6 +131,9 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
     let requested = common.targets.clone().unwrap_or_else(|| mode.default_targets());
     if requested.contains(&TargetKind::Etcd) && !targets.contains(&TargetKind::Etcd) {
         run.say(format!("etcd: skipped, {} does not exist (apt-get install -y etcd-server)", common.etcd.display()));
+    }
+    if requested.contains(&TargetKind::Nats) && !targets.contains(&TargetKind::Nats) {
+        run.say(format!("nats: skipped, {} does not exist (apt-get install -y nats-server)", common.nats.display()));
     }
     run.progress.line(&format!("results go to {} (time limit {limit} s)", run.out.display()));
 
@@ -166,13 +173,18 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
     outcome
 }
 
-/// The targets to measure, in the order given, without repeats; etcd is left out (and noted)
-/// when its binary is missing.
+/// The targets to measure, in the order given, without repeats; etcd and nats are left out (and
+/// noted) when their binaries are missing.
 fn choose_targets(mode: &Mode) -> anyhow::Result<Vec<TargetKind>> {
     let common = mode.common().context("a benchmark mode")?;
     let mut targets = Vec::new();
     for target in common.targets.clone().unwrap_or_else(|| mode.default_targets()) {
-        if !targets.contains(&target) && (target != TargetKind::Etcd || common.etcd.is_file()) {
+        let installed = match target {
+            TargetKind::Etcd => common.etcd.is_file(),
+            TargetKind::Nats => common.nats.is_file(),
+            TargetKind::Echo | TargetKind::Cluster => true,
+        };
+        if !targets.contains(&target) && installed {
             targets.push(target);
         }
     }

@@ -37,11 +37,12 @@ const BOTTOM: f64 = 285.0;
 
 /// The colour of a target's line, the same in every chart.
 fn colour(name: &str, index: usize) -> &'static str {
-    const OTHERS: [&str; 5] = ["#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"];
+    const OTHERS: [&str; 4] = ["#d62728", "#9467bd", "#8c564b", "#e377c2"];
     match name {
         "echo" => "#7f7f7f",
         "cluster" => "#1f77b4",
         "etcd" => "#ff7f0e",
+        "nats" => "#2ca02c",
         _ => OTHERS[index % OTHERS.len()],
     }
 }

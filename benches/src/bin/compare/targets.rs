@@ -1,5 +1,6 @@
-//! The three things compared, started and stopped the same way: `echo` (the broker alone),
-//! `cluster` (three state store nodes) and `etcd` (three etcd members). Each target gets a fresh
+//! The things compared, started and stopped the same way: `echo` (the broker alone),
+//! `cluster` (three state store nodes), `etcd` (three etcd members) and `nats` (three NATS
+//! servers with a replicated key-value bucket). Each target gets a fresh
 //! broker (MQTT targets), fresh data directories and fresh client connections.
 
 use std::collections::BTreeMap;
@@ -13,6 +14,7 @@ use crate::echo::EchoResponder;
 use crate::etcd::{EtcdCluster, EtcdLoad};
 use crate::load::{RequestError, Requester};
 use crate::mqtt_load::{MqttLoad, RequestOptions};
+use crate::nats::{NatsCluster, NatsLoad};
 use crate::proxy::ProxyMesh;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -20,16 +22,18 @@ pub enum TargetKind {
     Echo,
     Cluster,
     Etcd,
+    Nats,
 }
 
 impl TargetKind {
-    pub const ALL: [TargetKind; 3] = [TargetKind::Echo, TargetKind::Cluster, TargetKind::Etcd];
+    pub const ALL: [TargetKind; 4] = [TargetKind::Echo, TargetKind::Cluster, TargetKind::Etcd, TargetKind::Nats];
 
     pub fn name(self) -> &'static str {
         match self {
             TargetKind::Echo => "echo",
             TargetKind::Cluster => "cluster",
             TargetKind::Etcd => "etcd",
+            TargetKind::Nats => "nats",
         }
     }
 }
@@ -45,6 +49,7 @@ pub struct Setup {
     pub mosquitto: PathBuf,
     pub nodes_binary: PathBuf,
     pub etcd_binary: PathBuf,
+    pub nats_binary: PathBuf,
     pub request: RequestOptions,
     /// Data directories (removed at the end of the run).
     pub scratch: PathBuf,
@@ -56,6 +61,7 @@ pub struct Setup {
 pub enum Client {
     Mqtt(MqttLoad),
     Etcd(EtcdLoad),
+    Nats(NatsLoad),
 }
 
 impl Requester for Client {
@@ -63,6 +69,7 @@ impl Requester for Client {
         match self {
             Client::Mqtt(load) => load.set(slot, key, value).await,
             Client::Etcd(load) => load.set(slot, key, value).await,
+            Client::Nats(load) => load.set(slot, key, value).await,
         }
     }
 }
@@ -74,6 +81,7 @@ pub struct Target {
     echo: Option<EchoResponder>,
     pub cluster: Option<StatestoreCluster>,
     pub etcd: Option<EtcdCluster>,
+    pub nats: Option<NatsCluster>,
     pub proxies: Option<ProxyMesh>,
     broker: Option<Broker>,
 }
@@ -94,6 +102,7 @@ impl Target {
                     echo: Some(echo),
                     cluster: None,
                     etcd: None,
+                    nats: None,
                     proxies: None,
                     broker: Some(broker),
                 })
@@ -114,6 +123,7 @@ impl Target {
                     echo: None,
                     cluster: Some(nodes),
                     etcd: None,
+                    nats: None,
                     proxies,
                     broker: Some(broker),
                 })
@@ -127,6 +137,21 @@ impl Target {
                     echo: None,
                     cluster: None,
                     etcd: Some(etcd),
+                    nats: None,
+                    proxies: None,
+                    broker: None,
+                })
+            }
+            TargetKind::Nats => {
+                let nats = NatsCluster::start(&setup.nats_binary, &dir, &setup.logs).await?;
+                let client = NatsLoad::connect(&nats.client_ports(), slots, setup.request.timeout).await?;
+                Ok(Target {
+                    kind,
+                    client: Arc::new(Client::Nats(client)),
+                    echo: None,
+                    cluster: None,
+                    etcd: None,
+                    nats: Some(nats),
                     proxies: None,
                     broker: None,
                 })
@@ -149,6 +174,9 @@ impl Target {
         if let Some(etcd) = &self.etcd {
             processes.extend(etcd.processes());
         }
+        if let Some(nats) = &self.nats {
+            processes.extend(nats.processes());
+        }
         processes
     }
 
@@ -166,6 +194,9 @@ impl Target {
         if let Some(etcd) = &mut self.etcd {
             etcd.check_running()?;
         }
+        if let Some(nats) = &mut self.nats {
+            nats.check_running()?;
+        }
         Ok(())
     }
 
@@ -177,6 +208,9 @@ impl Target {
         }
         if let Some(etcd) = &self.etcd {
             rss.extend(etcd.rss_mib());
+        }
+        if let Some(nats) = &self.nats {
+            rss.extend(nats.rss_mib());
         }
         if let Some(broker) = &self.broker {
             rss.push(("broker".to_string(), crate::processes::rss_mib(broker.process.pid())));

@@ -262,7 +262,8 @@ fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyho
     let points: Vec<Point> = rows.iter().map(Row::point).collect();
     let rounds_list: Vec<usize> = (1..=rounds).collect();
     if rounds > 1 {
-        let mut per_round = Table::new(&["round", "in flight", "cluster/etcd ops", "cluster/echo ops"]);
+        let mut per_round =
+            Table::new(&["round", "in flight", "cluster/etcd ops", "cluster/echo ops", "cluster/nats ops"]);
         for &round in &rounds_list {
             for &level in levels {
                 per_round.row(vec![
@@ -270,19 +271,21 @@ fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyho
                     level.to_string(),
                     decimal3(ops_ratio(&points, round, TargetKind::Etcd, level)),
                     decimal3(ops_ratio(&points, round, TargetKind::Echo, level)),
+                    decimal3(ops_ratio(&points, round, TargetKind::Nats, level)),
                 ]);
             }
         }
         run.say("\nratios per round");
         run.say(per_round.render());
     }
-    let mut ratios = Table::new(&["in flight", "cluster/etcd ops", "cluster/echo ops"]);
+    let mut ratios = Table::new(&["in flight", "cluster/etcd ops", "cluster/echo ops", "cluster/nats ops"]);
     for &level in levels {
         let median_of = |other| median(rounds_list.iter().filter_map(|&round| ops_ratio(&points, round, other, level)));
         ratios.row(vec![
             level.to_string(),
             decimal3(median_of(TargetKind::Etcd)),
             decimal3(median_of(TargetKind::Echo)),
+            decimal3(median_of(TargetKind::Nats)),
         ]);
     }
     run.say(if rounds > 1 { format!("\nratios, median of {rounds} rounds") } else { "\nratios".to_string() });
