@@ -12,6 +12,7 @@
 //! [`SLOTS_PER_CONNECTION`] in-flight slots, each request answered on its own reply subject.
 
 use std::collections::HashMap;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -36,6 +37,10 @@ pub const BUCKET: &str = "compare";
 pub const SLOTS_PER_CONNECTION: usize = 16;
 /// Largest protocol line read from a server (an `INFO` line is the longest).
 const MAX_LINE: usize = 64 << 10;
+/// How long connecting and the protocol handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Requests a connection holds before its writer has sent them; more are refused as errors.
+const MAX_QUEUED: usize = 4096;
 
 struct Server {
     name: String,
@@ -129,29 +134,15 @@ impl NatsCluster {
             "deny_delete": true,
             "allow_direct": true,
         });
-        let subject = format!("$JS.API.STREAM.CREATE.KV_{BUCKET}");
-        let mut last;
-        loop {
-            match connection.request(&subject, config.to_string().as_bytes(), Duration::from_secs(5)).await {
-                Ok(()) => break,
-                Err(e) => last = e.to_string(),
-            }
-            if Instant::now() > deadline {
-                bail!("JetStream did not create the bucket in time: {last}; see {}", self.logs.display());
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        let probe = format!("$KV.{BUCKET}.ready");
-        loop {
-            match connection.request(&probe, b"ready", Duration::from_secs(2)).await {
-                Ok(()) => return Ok(()),
-                Err(e) => last = e.to_string(),
-            }
-            if Instant::now() > deadline {
-                bail!("the bucket took no write in time: {last}; see {}", self.logs.display());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let create = format!("$JS.API.STREAM.CREATE.KV_{BUCKET}");
+        connection
+            .request_until(&create, config.to_string().as_bytes(), deadline)
+            .await
+            .with_context(|| format!("JetStream did not create the bucket in time; see {}", self.logs.display()))?;
+        connection
+            .request_until(&format!("$KV.{BUCKET}.ready"), b"ready", deadline)
+            .await
+            .with_context(|| format!("the bucket took no write in time; see {}", self.logs.display()))
     }
 
     /// The client port of every server, the first one first.
@@ -211,45 +202,23 @@ struct Connection {
     inbox: String,
     next: AtomicU64,
     pending: Pending,
-    outgoing: mpsc::UnboundedSender<Vec<u8>>,
+    outgoing: mpsc::Sender<Vec<u8>>,
     tasks: [JoinHandle<()>; 2],
 }
 
 impl Connection {
     async fn open(port: u16) -> anyhow::Result<Connection> {
-        let stream = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(("127.0.0.1", port)))
+        Connection::open_within(port, HANDSHAKE_TIMEOUT).await
+    }
+
+    /// Connects and shakes hands (`INFO`, then `CONNECT`, the inbox subscription and a `PING`
+    /// answered), all within `timeout`.
+    async fn open_within(port: u16, timeout: Duration) -> anyhow::Result<Connection> {
+        let (inbox, reader, mut write) = tokio::time::timeout(timeout, handshake(port))
             .await
-            .context("connecting to nats-server timed out")??;
-        stream.set_nodelay(true)?;
-        let (read, mut write) = stream.into_split();
-        let mut reader = BufReader::with_capacity(256 << 10, read);
-        let mut info = String::new();
-        reader.read_line(&mut info).await?;
-        if !info.starts_with("INFO ") {
-            bail!("nats-server greeted with {info:?}, not INFO");
-        }
-        let inbox = format!("_INBOX.{:016x}", fastrand::u64(..));
-        let hello = format!(
-            "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":false,\"lang\":\"rust\",\"version\":\"0\",\
-             \"protocol\":1}}\r\nSUB {inbox}.* 1\r\nPING\r\n"
-        );
-        write.write_all(hello.as_bytes()).await?;
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if reader.read_line(&mut line).await? == 0 {
-                bail!("nats-server closed the connection during the handshake");
-            }
-            match line.trim_end() {
-                "PONG" => break,
-                "PING" => write.write_all(b"PONG\r\n").await?,
-                other if other.starts_with("-ERR") => bail!("nats-server refused the connection: {other}"),
-                _ => {}
-            }
-        }
-        let (outgoing, queued) = mpsc::unbounded_channel::<Vec<u8>>();
+            .with_context(|| format!("no handshake with nats-server on port {port} within {timeout:?}"))??;
+        let (outgoing, mut queued) = mpsc::channel::<Vec<u8>>(MAX_QUEUED);
         let writer = tokio::spawn(async move {
-            let mut queued = queued;
             let mut buffer = Vec::with_capacity(64 << 10);
             while let Some(frame) = queued.recv().await {
                 buffer.clear();
@@ -278,6 +247,21 @@ impl Connection {
         Ok(Connection { inbox, next: AtomicU64::new(0), pending, outgoing, tasks: [writer, reader] })
     }
 
+    /// [`Connection::request`] again every 250 ms, each try waiting up to 5 s, until one is
+    /// acknowledged or `deadline` passes; the error says why the last try failed.
+    async fn request_until(&self, subject: &str, payload: &[u8], deadline: Instant) -> anyhow::Result<()> {
+        loop {
+            let last = match self.request(subject, payload, Duration::from_secs(5)).await {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            if Instant::now() > deadline {
+                bail!("the last try: {last}");
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
     /// Publishes `payload` to `subject` and waits for its acknowledgement: a reply without an
     /// `"error"` member.
     async fn request(&self, subject: &str, payload: &[u8], timeout: Duration) -> Result<(), RequestError> {
@@ -285,12 +269,15 @@ impl Connection {
         let (answered, answer) = oneshot::channel();
         self.pending.lock().unwrap().insert(id, answered);
         let mut frame = Vec::with_capacity(subject.len() + self.inbox.len() + payload.len() + 48);
-        frame.extend_from_slice(format!("PUB {subject} {}.{id} {}\r\n", self.inbox, payload.len()).as_bytes());
+        let _ = write!(frame, "PUB {subject} {}.{id} {}\r\n", self.inbox, payload.len());
         frame.extend_from_slice(payload);
         frame.extend_from_slice(b"\r\n");
-        if self.outgoing.send(frame).is_err() {
+        if let Err(e) = self.outgoing.try_send(frame) {
             self.pending.lock().unwrap().remove(&id);
-            return Err(RequestError::Send("the connection to nats-server is closed".into()));
+            return Err(RequestError::Send(match e {
+                mpsc::error::TrySendError::Full(_) => format!("{MAX_QUEUED} requests wait to be sent to nats-server"),
+                mpsc::error::TrySendError::Closed(_) => "the connection to nats-server is closed".into(),
+            }));
         }
         match tokio::time::timeout(timeout, answer).await {
             Ok(Ok(outcome)) => outcome,
@@ -301,6 +288,40 @@ impl Connection {
             }
         }
     }
+}
+
+/// Connects to nats-server on `port` and shakes hands; returns the inbox the connection's
+/// answers come to and its two halves.
+async fn handshake(port: u16) -> anyhow::Result<(String, BufReader<OwnedReadHalf>, OwnedWriteHalf)> {
+    let stream = TcpStream::connect(("127.0.0.1", port)).await?;
+    stream.set_nodelay(true)?;
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::with_capacity(256 << 10, read);
+    let mut info = String::new();
+    reader.read_line(&mut info).await?;
+    if !info.starts_with("INFO ") {
+        bail!("nats-server greeted with {info:?}, not INFO");
+    }
+    let inbox = format!("_INBOX.{:016x}", fastrand::u64(..));
+    let hello = format!(
+        "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":false,\"lang\":\"rust\",\"version\":\"0\",\
+         \"protocol\":1}}\r\nSUB {inbox}.* 1\r\nPING\r\n"
+    );
+    write.write_all(hello.as_bytes()).await?;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).await? == 0 {
+            bail!("nats-server closed the connection during the handshake");
+        }
+        match line.trim_end() {
+            "PONG" => break,
+            "PING" => write.write_all(b"PONG\r\n").await?,
+            other if other.starts_with("-ERR") => bail!("nats-server refused the connection: {other}"),
+            _ => {}
+        }
+    }
+    Ok((inbox, reader, write))
 }
 
 impl Drop for Connection {
@@ -316,7 +337,7 @@ impl Drop for Connection {
 async fn read_answers(
     mut reader: BufReader<OwnedReadHalf>,
     pending: Pending,
-    outgoing: mpsc::UnboundedSender<Vec<u8>>,
+    outgoing: mpsc::Sender<Vec<u8>>,
     prefix: String,
 ) -> anyhow::Result<()> {
     let mut line = String::new();
@@ -350,7 +371,9 @@ async fn read_answers(
                 let _ = waiter.send(outcome);
             }
             Some("PING") => {
-                let _ = outgoing.send(b"PONG\r\n".to_vec());
+                // Dropped when the queue is full: the server then closes the connection, and
+                // every waiting request fails with that.
+                let _ = outgoing.try_send(b"PONG\r\n".to_vec());
             }
             Some("-ERR") => bail!("nats-server: {}", line.trim_end()),
             // INFO updates, PONG, +OK.
@@ -366,6 +389,17 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_server_that_never_greets_fails_the_handshake_at_its_deadline() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = silent.local_addr().unwrap().port();
+        let started = Instant::now();
+        let error = Connection::open_within(port, Duration::from_millis(300)).await.err().expect("no handshake");
+        assert!(started.elapsed() < Duration::from_secs(5), "waited {:?}", started.elapsed());
+        assert!(format!("{error:#}").contains("no handshake with nats-server"), "{error:#}");
+        drop(silent);
+    }
 
     #[test]
     fn an_acknowledgement_with_an_error_member_is_a_refusal() {
