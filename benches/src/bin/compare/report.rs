@@ -12,8 +12,8 @@ pub struct Table {
 }
 
 impl Table {
-    pub fn new(headers: &[&str]) -> Table {
-        Table { headers: headers.iter().map(|h| h.to_string()).collect(), rows: Vec::new() }
+    pub fn new<S: AsRef<str>>(headers: &[S]) -> Table {
+        Table { headers: headers.iter().map(|h| h.as_ref().to_string()).collect(), rows: Vec::new() }
     }
 
     pub fn row(&mut self, cells: Vec<String>) {

@@ -154,6 +154,9 @@ fn find(points: &[Point], round: usize, kind: TargetKind, inflight: usize) -> Op
 }
 
 /// The cluster's ops/s over `other`'s at `inflight` in `round`.
+/// The targets the cluster's throughput is compared with, in the ratio tables' column order.
+const RATIO_TARGETS: [TargetKind; 3] = [TargetKind::Etcd, TargetKind::Echo, TargetKind::Nats];
+
 fn ops_ratio(points: &[Point], round: usize, other: TargetKind, inflight: usize) -> Option<f64> {
     let cluster = find(points, round, TargetKind::Cluster, inflight)?;
     let other = find(points, round, other, inflight)?;
@@ -261,32 +264,29 @@ fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyho
 
     let points: Vec<Point> = rows.iter().map(Row::point).collect();
     let rounds_list: Vec<usize> = (1..=rounds).collect();
+    let ratio_headers: Vec<String> =
+        RATIO_TARGETS.iter().map(|other| format!("cluster/{} ops", other.name())).collect();
+    let headers = |leading: &[&'static str]| -> Vec<String> {
+        leading.iter().map(|h| h.to_string()).chain(ratio_headers.iter().cloned()).collect()
+    };
     if rounds > 1 {
-        let mut per_round =
-            Table::new(&["round", "in flight", "cluster/etcd ops", "cluster/echo ops", "cluster/nats ops"]);
+        let mut per_round = Table::new(&headers(&["round", "in flight"]));
         for &round in &rounds_list {
             for &level in levels {
-                per_round.row(vec![
-                    round.to_string(),
-                    level.to_string(),
-                    decimal3(ops_ratio(&points, round, TargetKind::Etcd, level)),
-                    decimal3(ops_ratio(&points, round, TargetKind::Echo, level)),
-                    decimal3(ops_ratio(&points, round, TargetKind::Nats, level)),
-                ]);
+                let mut row = vec![round.to_string(), level.to_string()];
+                row.extend(RATIO_TARGETS.iter().map(|&other| decimal3(ops_ratio(&points, round, other, level))));
+                per_round.row(row);
             }
         }
         run.say("\nratios per round");
         run.say(per_round.render());
     }
-    let mut ratios = Table::new(&["in flight", "cluster/etcd ops", "cluster/echo ops", "cluster/nats ops"]);
+    let mut ratios = Table::new(&headers(&["in flight"]));
     for &level in levels {
         let median_of = |other| median(rounds_list.iter().filter_map(|&round| ops_ratio(&points, round, other, level)));
-        ratios.row(vec![
-            level.to_string(),
-            decimal3(median_of(TargetKind::Etcd)),
-            decimal3(median_of(TargetKind::Echo)),
-            decimal3(median_of(TargetKind::Nats)),
-        ]);
+        let mut row = vec![level.to_string()];
+        row.extend(RATIO_TARGETS.iter().map(|&other| decimal3(median_of(other))));
+        ratios.row(row);
     }
     run.say(if rounds > 1 { format!("\nratios, median of {rounds} rounds") } else { "\nratios".to_string() });
     run.say(ratios.render());
