@@ -153,10 +153,10 @@ fn find(points: &[Point], round: usize, kind: TargetKind, inflight: usize) -> Op
     points.iter().find(|p| p.round == round && p.kind == kind && p.inflight == inflight)
 }
 
-/// The cluster's ops/s over `other`'s at `inflight` in `round`.
 /// The targets the cluster's throughput is compared with, in the ratio tables' column order.
 const RATIO_TARGETS: [TargetKind; 3] = [TargetKind::Etcd, TargetKind::Echo, TargetKind::Nats];
 
+/// The cluster's ops/s over `other`'s at `inflight` in `round`.
 fn ops_ratio(points: &[Point], round: usize, other: TargetKind, inflight: usize) -> Option<f64> {
     let cluster = find(points, round, TargetKind::Cluster, inflight)?;
     let other = find(points, round, other, inflight)?;
