@@ -35,6 +35,10 @@ pub struct ClusterStatus {
     pub incarnation: String,
     /// The storage incarnation enrolled for each member.
     pub enrolled: BTreeMap<NodeId, String>,
+    /// The peers none of whose Raft requests from this node have been answered lately, each with
+    /// how many milliseconds that has lasted (the leader's view is the one to read).
+    #[serde(default)]
+    pub not_answering_ms: BTreeMap<NodeId, u64>,
 }
 
 /// `POST /cluster/learners`: add a non-voting member and wait until it has caught up.

@@ -33,6 +33,7 @@ mod enrollment;
 mod events;
 pub mod http;
 pub mod leader;
+pub mod logs;
 pub mod metrics;
 pub mod mqtt;
 pub mod node;

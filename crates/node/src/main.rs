@@ -1,7 +1,5 @@
 //! `statestore`: one node of the replicated state store.
 
-use std::io::IsTerminal;
-
 use anyhow::Context;
 use clap::Parser;
 use statestore_node::config::DEFAULT_LOG_FILTER;
@@ -43,14 +41,7 @@ fn main() -> anyhow::Result<()> {
 
 async fn serve(config: NodeConfig) -> anyhow::Result<()> {
     let filter = EnvFilter::try_new(&config.log).unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
-    // Colour only on a terminal, and never with NO_COLOR set: log files get plain text.
-    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
-    if config.log_json {
-        logs.json().with_current_span(false).init();
-    } else {
-        logs.init();
-    }
+    statestore_node::logs::init(filter, config.log_json);
     let data_dir = config.data_dir.clone();
     let result = server::run(config, server::signal()).await;
     if let Err(e) = &result {

@@ -107,6 +107,11 @@ pub struct Node {
     pub clock_check: ClockCheck,
     /// The cluster's name and each member's storage incarnation, checked on every Raft message.
     pub identity: PeerIdentity,
+    /// The peers that do not answer this node's Raft requests, and since when.
+    pub peer_health: statestore_raft::peer_health::PeerHealth,
+    /// The node's own background tasks (elector, snapshot policy, enrollment, watches): ended
+    /// before Raft stops, so none asks a stopped Raft for anything.
+    duties: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 impl Node {
@@ -163,6 +168,7 @@ impl Node {
         }
         let log = storage.log.reader();
         let raft = Raft::new(config.id, raft_config, network.clone(), storage.log, storage.state).await?;
+        let peer_health = network.health().clone();
         let elector = Elector::new(
             config.id,
             raft.clone(),
@@ -195,19 +201,21 @@ impl Node {
             peer_routes: config.peer_routes.clone(),
             clock_check: clock_check.clone(),
             identity,
+            peer_health,
+            duties: std::sync::Mutex::default(),
         });
         node.metrics.watch(node.clone());
-        tokio::spawn(crate::events::log_cluster_events(node.clone()));
-        tokio::spawn(crate::clock_watch::follow_clocks(node.clone(), clock_check, config.heartbeat));
-        tokio::spawn(crate::enrollment::enroll_members(node.clone()));
-        tokio::spawn(snapshot_policy(
+        node.spawn_duty(crate::events::log_cluster_events(node.clone()));
+        node.spawn_duty(crate::clock_watch::follow_clocks(node.clone(), clock_check, config.heartbeat));
+        node.spawn_duty(crate::enrollment::enroll_members(node.clone()));
+        node.spawn_duty(snapshot_policy(
             node.raft.clone(),
             node.reader.clone(),
             node.snapshot_wanted.clone(),
             SnapshotThresholds::for_node(config.id, config.snapshot_every, config.snapshot_log_bytes),
         ));
         node.bootstrap(&config.initial_members, &config.peer_routes).await?;
-        elector.start();
+        node.duties.lock().unwrap().push(elector.start().abort_handle());
         Ok(node)
     }
 
@@ -328,14 +336,14 @@ impl Node {
     /// it, and leadership follows it (`broker_watch`). Set once; later calls are ignored.
     pub fn follow_broker(self: &Arc<Self>, connected: tokio::sync::watch::Receiver<bool>) {
         if self.broker_connected.set(connected.clone()).is_ok() {
-            tokio::spawn(crate::broker_watch::follow_broker(self.clone(), connected));
+            self.spawn_duty(crate::broker_watch::follow_broker(self.clone(), connected));
         }
     }
 
     /// For a node started without a broker: leadership goes to a voter connected to its broker
     /// whenever one is ready (`broker_watch::without_broker`).
     pub fn follow_no_broker(self: &Arc<Self>) {
-        tokio::spawn(crate::broker_watch::without_broker(self.clone()));
+        self.spawn_duty(crate::broker_watch::without_broker(self.clone()));
     }
 
     /// Stops this leader's heartbeats and refuses new work with `why`, so that the others stop
@@ -351,9 +359,20 @@ impl Node {
         self.pipeline.refuse(None);
     }
 
-    /// Stops Raft (no more votes, appends or applies), then writes what was applied to disk, so
-    /// that the node does not apply the log again when it starts.
+    /// Starts one of the node's background tasks, ended by [`Node::shutdown`].
+    fn spawn_duty(&self, duty: impl std::future::Future<Output = ()> + Send + 'static) {
+        let handle = tokio::spawn(duty).abort_handle();
+        self.duties.lock().unwrap().push(handle);
+    }
+
+    /// Ends the node's background tasks and refuses new requests, then stops Raft (no more
+    /// votes, appends or applies), then writes what was applied to disk, so that the node does
+    /// not apply the log again when it starts.
     pub async fn shutdown(&self) {
+        for duty in self.duties.lock().unwrap().drain(..) {
+            duty.abort();
+        }
+        self.pipeline.refuse(Some("this node is stopping".into()));
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft did not stop cleanly");
         }

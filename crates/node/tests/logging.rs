@@ -1,8 +1,9 @@
 //! Logs: `--log-format json` gives one JSON object per line a log shipper can read; by default a
-//! node logs plain, quiet text.
+//! node logs plain, quiet text; a clean stop logs no error.
 
 mod common;
 
+use common::broker::Broker;
 use common::Cluster;
 use serde_json::Value;
 
@@ -55,4 +56,65 @@ fn default_logs_are_plain_quiet_and_name_the_leader() {
     assert!(text.contains("WARN") && text.contains("no --broker"), "a node without a broker does not say so:\n{text}");
     let library_info: Vec<&str> = text.lines().filter(|l| l.contains(" INFO ") && l.contains("openraft")).collect();
     assert!(library_info.is_empty(), "openraft info lines by default:\n{}", library_info.join("\n"));
+}
+
+/// A node stopped with SIGTERM stops quietly: not one error or warning line from the moment it
+/// is told to stop. An error line in a clean stop sends an operator looking for a fault that is
+/// not there.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clean_stop_logs_no_error() {
+    let broker = Broker::start();
+    let mut cluster = Cluster::start(1, &["--broker", &broker.address()]).await;
+    cluster.wait_ready().await;
+    for i in 0..20 {
+        cluster.set(1, &format!("stop-{i}"), "v").await.unwrap();
+    }
+    // Past a few elector and snapshot policy ticks.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let before = std::fs::read_to_string(&cluster.nodes[&1].log).unwrap().len();
+    assert!(cluster.terminate(1).success(), "the node did not exit cleanly:\n{}", cluster.logs());
+    let log = std::fs::read_to_string(&cluster.nodes[&1].log).unwrap();
+    let stopping = &log[before..];
+    let bad: Vec<&str> = stopping.lines().filter(|l| l.contains(" ERROR ") || l.contains(" WARN ")).collect();
+    assert!(bad.is_empty(), "errors or warnings in a clean stop:\n{stopping}");
+}
+
+/// A follower down for seconds costs the leader a handful of lines, not one per retry: one
+/// line names the peer that does not answer, openraft's own warnings come once per kind, and
+/// one line says when the peer answers again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_peer_down_is_logged_once_not_per_retry() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    cluster.wait_ready().await;
+    let leader = cluster.wait_leader().await;
+    let follower = cluster.running().into_iter().find(|id| *id != leader).unwrap();
+    let leader_log = cluster.nodes[&leader].log.clone();
+    let before = std::fs::read_to_string(&leader_log).unwrap().len();
+    cluster.kill(follower);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut i = 0;
+    while std::time::Instant::now() < until {
+        // Writes and reads go on with the other two.
+        cluster.set(leader, &format!("down-{i}"), "v").await.unwrap();
+        cluster.get(leader, &format!("down-{i}")).await.unwrap();
+        i += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let while_down = std::fs::read_to_string(&leader_log).unwrap()[before..].to_string();
+    let lines: Vec<&str> = while_down.lines().collect();
+    let named: Vec<&&str> = lines.iter().filter(|l| l.contains(&format!("node {follower} has not answered"))).collect();
+    assert_eq!(named.len(), 1, "not one line names the peer that is down:\n{while_down}");
+    assert!(lines.len() <= 15, "{} lines in 5 s with a follower down:\n{while_down}", lines.len());
+    let status = cluster.status(leader).await.unwrap();
+    assert!(status["not_answering_ms"][follower.to_string()].as_u64() >= Some(1000), "{status}");
+
+    cluster.spawn(follower);
+    let answered = format!("node {follower} answers again");
+    let until = std::time::Instant::now() + common::DEADLINE;
+    while !std::fs::read_to_string(&leader_log).unwrap().contains(&answered) {
+        assert!(std::time::Instant::now() < until, "no line says the follower answers again:\n{}", cluster.logs());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let status = cluster.status(leader).await.unwrap();
+    assert_eq!(status["not_answering_ms"], serde_json::json!({}), "{status}");
 }

@@ -32,6 +32,7 @@ pub mod identity;
 pub mod log_store;
 pub mod metrics;
 pub mod network;
+pub mod peer_health;
 pub mod snapshot;
 pub mod snapshot_receiver;
 pub mod state_store;

@@ -30,6 +30,7 @@ use serde::Serialize;
 use crate::clocks::{wall_clock_ms, PeerClocks, CLOCK_HEADER, FROM_HEADER};
 use crate::election::{PreVoteRequest, PreVoteResponse, PREVOTE_PATH};
 use crate::identity::{Claims, PeerIdentity, CLUSTER_HEADER, EXPECTED_HEADER, INCARNATION_HEADER};
+use crate::peer_health::PeerHealth;
 use crate::types::{Node, NodeId, TypeConfig};
 use crate::wire::{decode, encode, CONTENT_TYPE};
 
@@ -51,6 +52,8 @@ pub struct NetworkFactory {
     routes: BTreeMap<NodeId, String>,
     /// What requests say of this node, and how answers are checked.
     checks: Option<PeerChecks>,
+    /// Which peers answer; a peer that stops answering is logged once, not per request.
+    health: PeerHealth,
 }
 
 /// What this node sends about itself with every Raft request, and notes or checks in every
@@ -95,13 +98,18 @@ impl NetworkFactory {
             builder = builder.use_preconfigured_tls(tls);
         }
         let client = builder.build().map_err(|e| format!("building the HTTP client: {e}"))?;
-        Ok(NetworkFactory { client, retry_after, routes, checks: None })
+        Ok(NetworkFactory { client, retry_after, routes, checks: None, health: PeerHealth::default() })
     }
 
     /// Sends what `checks` says of this node with every request, and checks every answer.
     pub fn with_checks(mut self, checks: PeerChecks) -> NetworkFactory {
         self.checks = Some(checks);
         self
+    }
+
+    /// Which peers do not answer this node, and since when.
+    pub fn health(&self) -> &PeerHealth {
+        &self.health
     }
 
     /// The readings of peers' clocks, when kept.
@@ -155,8 +163,24 @@ impl NetworkFactory {
         request: &PreVoteRequest,
         timeout: Duration,
     ) -> Result<PreVoteResponse, String> {
+        let address = self.address(target, node);
+        let answer = self.ask_prevote(&address, target, request, timeout).await;
+        match &answer {
+            Ok(_) => self.health.answered(target, &address),
+            Err(e) => self.health.failed(target, &address, e),
+        }
+        answer
+    }
+
+    async fn ask_prevote(
+        &self,
+        address: &str,
+        target: NodeId,
+        request: &PreVoteRequest,
+        timeout: Duration,
+    ) -> Result<PreVoteResponse, String> {
         let body = encode(request).map_err(|e| format!("encoding the request: {e}"))?;
-        let post = self.client.post(format!("{}{PREVOTE_PATH}", self.address(target, node)));
+        let post = self.client.post(format!("{address}{PREVOTE_PATH}"));
         let response = stamp(post, &self.checks, target)
             .header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE)
             .timeout(timeout)
@@ -191,6 +215,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             retry_after: self.retry_after,
             append_budget: MAX_APPEND_BYTES,
             checks: self.checks.clone(),
+            health: self.health.clone(),
         }
     }
 }
@@ -206,6 +231,7 @@ pub struct PeerClient {
     /// How many entry bytes the next append request may carry.
     append_budget: usize,
     checks: Option<PeerChecks>,
+    health: PeerHealth,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -223,8 +249,32 @@ impl PeerClient {
         RPCError::Timeout(Timeout { action, id: from, target: self.target, timeout: option.hard_ttl() })
     }
 
-    /// Sends one RPC; `Ok(None)` when the peer did not answer within the deadline.
+    /// Sends one RPC; `Ok(None)` when the peer did not answer within the deadline. Whether the
+    /// peer answered goes to the [`PeerHealth`].
     async fn call<Req, Resp, E>(
+        &self,
+        path: &'static str,
+        request: &Req,
+        option: &RPCOption,
+    ) -> Result<Option<Resp>, RPCError<NodeId, Node, RaftError<NodeId, E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let result = self.send(path, request, option).await;
+        match &result {
+            Ok(Some(_)) | Err(RPCError::RemoteError(_)) => self.health.answered(self.target, &self.addr),
+            Ok(None) => {
+                let error = format!("no answer to {path} within {} ms", option.hard_ttl().as_millis());
+                self.health.failed(self.target, &self.addr, &error)
+            }
+            Err(e) => self.health.failed(self.target, &self.addr, e),
+        }
+        result
+    }
+
+    async fn send<Req, Resp, E>(
         &self,
         path: &'static str,
         request: &Req,

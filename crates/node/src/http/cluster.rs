@@ -62,6 +62,12 @@ pub fn cluster_status(node: &Node) -> ClusterStatus {
         cluster_id: node.identity.cluster_id(),
         incarnation: node.identity.incarnation.clone(),
         enrolled: node.reader.enrollments().unwrap_or_default(),
+        not_answering_ms: node
+            .peer_health
+            .failing()
+            .into_iter()
+            .map(|(peer, since)| (peer, since.as_millis() as u64))
+            .collect(),
     }
 }
 

@@ -65,13 +65,18 @@ enum Queued {
 /// What the rest of the node holds of the connection.
 #[derive(Clone)]
 pub struct Connection {
-    client: AsyncClient,
     outbound: mpsc::UnboundedSender<Queued>,
     /// True while connected; the value changes on every connect and disconnect.
     pub connected: watch::Receiver<bool>,
     /// Counts sessions: a new value means publishes of the previous one may be lost.
     pub sessions: watch::Receiver<u64>,
+    /// Asks the task to say DISCONNECT and end; told when it has.
+    stop: mpsc::UnboundedSender<oneshot::Sender<()>>,
 }
+
+/// How long a stopping node waits for its DISCONNECT to be written before it drops the
+/// connection (the broker keeps the session either way).
+pub const DISCONNECT_DEADLINE: Duration = Duration::from_secs(2);
 
 /// What the front end needs of its broker connection: [`Connection`] in a running node; the
 /// dispatcher's tests use an in-process one.
@@ -84,7 +89,8 @@ pub trait Link: Send + Sync + 'static {
     /// Subscribes to requests at the QoS of the node's role: 1 while `leading`, the follower
     /// QoS otherwise.
     fn follow_role(&self, leading: bool);
-    /// Sends DISCONNECT; the broker keeps the session for the session expiry.
+    /// Sends DISCONNECT and closes the connection for good; the broker keeps the session for
+    /// the session expiry.
     fn disconnect(&self) -> BoxFuture<'_, ()>;
 }
 
@@ -107,7 +113,16 @@ impl Link for Connection {
 
     fn disconnect(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            let _ = self.client.disconnect().await;
+            let (done_tx, done) = oneshot::channel();
+            // Closed: the task has ended already.
+            if self.stop.send(done_tx).is_err() {
+                return;
+            }
+            if tokio::time::timeout(DISCONNECT_DEADLINE, done).await.is_err() {
+                tracing::warn!(
+                    "the broker connection did not say DISCONNECT within {DISCONNECT_DEADLINE:?}; dropping it"
+                );
+            }
         })
     }
 }
@@ -139,9 +154,10 @@ pub fn start(config: &BrokerConfig, requests: RequestSink, metrics: FrontEndMetr
     let (outbound_tx, outbound_rx) = mpsc::unbounded_channel();
     let (connected_tx, connected) = watch::channel(false);
     let (sessions_tx, sessions) = watch::channel(0);
+    let (stop_tx, stop_rx) = mpsc::unbounded_channel();
     let task = ConnectionTask {
         eventloop,
-        client: client.clone(),
+        client,
         outbound: outbound_rx,
         requests,
         metrics,
@@ -158,9 +174,11 @@ pub fn start(config: &BrokerConfig, requests: RequestSink, metrics: FrontEndMetr
         follower_qos: if config.follower_qos == 0 { QoS::AtMostOnce } else { QoS::AtLeastOnce },
         leading: false,
         subscription: Subscription::default(),
+        stop: stop_rx,
+        stopping: None,
     };
     tokio::spawn(task.run());
-    Ok(Connection { client, outbound: outbound_tx, connected, sessions })
+    Ok(Connection { outbound: outbound_tx, connected, sessions, stop: stop_tx })
 }
 
 fn mqtt_options(config: &BrokerConfig) -> anyhow::Result<MqttOptions> {
@@ -245,6 +263,10 @@ struct ConnectionTask {
     follower_qos: QoS,
     leading: bool,
     subscription: Subscription,
+    /// Where [`Connection`]'s `disconnect` asks the task to stop.
+    stop: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
+    /// Set once DISCONNECT is asked for: told when it is written, and the task ends.
+    stopping: Option<oneshot::Sender<()>>,
 }
 
 /// The request subscription of the current session, by the QoS this node asked for (the broker
@@ -282,8 +304,32 @@ impl ConnectionTask {
                         self.drop_connection();
                     }
                 }
+                Some(done) = self.stop.recv(), if self.stopping.is_none() => {
+                    // Not connected, or no room for DISCONNECT in rumqttc's channel: nothing to
+                    // say it on, so just end (the broker keeps the session).
+                    if !self.is_connected || self.client.try_disconnect().is_err() {
+                        let _ = done.send(());
+                        return;
+                    }
+                    self.stopping = Some(done);
+                }
                 event = self.eventloop.poll(), if retry_at.is_none() => match event {
+                    Ok(Event::Outgoing(Outgoing::Disconnect)) if self.stopping.is_some() => {
+                        // Written and flushed: rumqttc reports an outgoing packet after its write.
+                        tracing::info!("said DISCONNECT to the broker");
+                        if let Some(done) = self.stopping.take() {
+                            let _ = done.send(());
+                        }
+                        return;
+                    }
                     Ok(event) => self.on_event(event),
+                    Err(error) if self.stopping.is_some() => {
+                        tracing::debug!(%error, "the broker connection ended while saying DISCONNECT");
+                        if let Some(done) = self.stopping.take() {
+                            let _ = done.send(());
+                        }
+                        return;
+                    }
                     Err(error) => {
                         self.on_error(&error);
                         retry_at = Some(Instant::now() + self.backoff.delay());
