@@ -17,6 +17,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Timeout, Unreachable};
 use openraft::network::{Backoff, RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -238,6 +240,14 @@ pub struct PeerClient {
 #[error("{0}")]
 struct RpcFailure(String);
 
+/// Why a POST to a peer got no answer.
+enum PostError {
+    /// No connection: openraft backs off before trying again.
+    Unreachable(reqwest::Error),
+    /// The connection failed later, or the answer is not one.
+    Failed(String),
+}
+
 impl PeerClient {
     /// A [`RPCError::Timeout`] of an RPC to this peer.
     fn timeout<E: std::error::Error>(
@@ -262,31 +272,32 @@ impl PeerClient {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let result = self.send(path, request, option).await;
-        match &result {
-            Ok(Some(_)) | Err(RPCError::RemoteError(_)) => self.health.answered(self.target, &self.addr),
+        let network = |detail: String| RPCError::Network(NetworkError::new(&RpcFailure(detail)));
+        let body = encode(request).map_err(|e| network(format!("encoding the request: {e}")))?;
+        let posted = self.post(path, body, option.hard_ttl()).await;
+        match &posted {
+            Ok(Some(_)) => self.health.answered(self.target, &self.addr),
             Ok(None) => {
                 let error = format!("no answer to {path} within {} ms", option.hard_ttl().as_millis());
                 self.health.failed(self.target, &self.addr, &error)
             }
-            Err(e) => self.health.failed(self.target, &self.addr, e),
+            Err(PostError::Unreachable(e)) => self.health.failed(self.target, &self.addr, e),
+            Err(PostError::Failed(e)) => self.health.failed(self.target, &self.addr, e),
         }
-        result
+        let answer = match posted {
+            Ok(Some(answer)) => answer,
+            Ok(None) => return Ok(None),
+            Err(PostError::Unreachable(e)) => return Err(RPCError::Unreachable(Unreachable::new(&e))),
+            Err(PostError::Failed(e)) => return Err(network(e)),
+        };
+        let result: Result<Resp, RaftError<NodeId, E>> =
+            decode(&answer).map_err(|e| network(format!("decoding the answer of {path}: {e}")))?;
+        result.map(Some).map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 
-    async fn send<Req, Resp, E>(
-        &self,
-        path: &'static str,
-        request: &Req,
-        option: &RPCOption,
-    ) -> Result<Option<Resp>, RPCError<NodeId, Node, RaftError<NodeId, E>>>
-    where
-        Req: Serialize,
-        Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
-    {
-        let network = |detail: String| RPCError::Network(NetworkError::new(&RpcFailure(detail)));
-        let body = encode(request).map_err(|e| network(format!("encoding the request: {e}")))?;
+    /// POSTs `body` to the peer's `path`: the body of its answer, or `None` when none came
+    /// within `deadline`.
+    async fn post(&self, path: &'static str, body: Vec<u8>, deadline: Duration) -> Result<Option<Bytes>, PostError> {
         let post = match self.endpoints.iter().find(|(known, _)| *known == path) {
             Some((_, url)) => self.client.post(url.clone()),
             // An address that does not parse: reqwest reports it.
@@ -294,29 +305,27 @@ impl PeerClient {
         };
         let sent = stamp(post, &self.checks, self.target)
             .header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE)
-            .timeout(option.hard_ttl())
+            .timeout(deadline)
             .body(body)
             .send()
             .await;
         let response = match sent {
             Ok(response) => response,
             Err(e) if e.is_timeout() => return Ok(None),
-            Err(e) if e.is_connect() => return Err(RPCError::Unreachable(Unreachable::new(&e))),
-            Err(e) => return Err(network(e.to_string())),
+            Err(e) if e.is_connect() => return Err(PostError::Unreachable(e)),
+            Err(e) => return Err(PostError::Failed(e.to_string())),
         };
-        check_answer(&response, self.target, &self.checks).map_err(network)?;
+        check_answer(&response, self.target, &self.checks).map_err(PostError::Failed)?;
         let status = response.status();
-        let bytes = match response.bytes().await {
-            Ok(bytes) => bytes,
+        let answer = match response.bytes().await {
+            Ok(answer) => answer,
             Err(e) if e.is_timeout() => return Ok(None),
-            Err(e) => return Err(network(e.to_string())),
+            Err(e) => return Err(PostError::Failed(e.to_string())),
         };
         if !status.is_success() {
-            return Err(network(format!("{path} answered {status}: {}", String::from_utf8_lossy(&bytes))));
+            return Err(PostError::Failed(format!("{path} answered {status}: {}", String::from_utf8_lossy(&answer))));
         }
-        let result: Result<Resp, RaftError<NodeId, E>> =
-            decode(&bytes).map_err(|e| network(format!("decoding the answer of {path}: {e}")))?;
-        result.map(Some).map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        Ok(Some(answer))
     }
 }
 
