@@ -317,6 +317,21 @@ async fn cluster_administration_over_http() {
     assert!(text(&unreachable.stderr).contains("no endpoint answered"), "{}", text(&unreachable.stderr));
     assert_eq!(code(&dead.run(&["cluster", "ready"])), 3);
     assert_eq!(code(&dead.run(&["cluster", "status"])), 3);
+
+    // A follower down: the leader's row names it, with how long it has not answered.
+    let down = cluster.running().into_iter().find(|id| *id != leader && *id != 4).unwrap();
+    cluster.kill(down);
+    let expected = format!("not answering it: node {down} for");
+    let until = Instant::now() + common::DEADLINE;
+    loop {
+        let human = cli.run(&["cluster", "status"]);
+        assert_eq!(code(&human), 0, "{}", text(&human.stderr));
+        if text(&human.stdout).contains(&expected) {
+            break;
+        }
+        assert!(Instant::now() < until, "no row names the follower that is down:\n{}", text(&human.stdout));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[test]

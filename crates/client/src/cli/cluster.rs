@@ -323,6 +323,14 @@ async fn status(out: &Output, http: &Http) -> Outcome {
                     view.committed_index,
                     view.applied_index,
                 ));
+                if !view.not_answering_ms.is_empty() {
+                    let peers: Vec<String> = view
+                        .not_answering_ms
+                        .iter()
+                        .map(|(peer, ms)| format!("node {peer} for {:.1} s", *ms as f64 / 1000.0))
+                        .collect();
+                    text.push_str(&format!("\n{:<28} not answering it: {}", "", peers.join(", ")));
+                }
             }
             text
         },
