@@ -274,21 +274,24 @@ impl PeerClient {
     {
         let network = |detail: String| RPCError::Network(NetworkError::new(&RpcFailure(detail)));
         let body = encode(request).map_err(|e| network(format!("encoding the request: {e}")))?;
-        let posted = self.post(path, body, option.hard_ttl()).await;
-        match &posted {
-            Ok(Some(_)) => self.health.answered(self.target, &self.addr),
+        let answer = match self.post(path, body, option.hard_ttl()).await {
+            Ok(Some(answer)) => {
+                self.health.answered(self.target, &self.addr);
+                answer
+            }
             Ok(None) => {
                 let error = format!("no answer to {path} within {} ms", option.hard_ttl().as_millis());
-                self.health.failed(self.target, &self.addr, &error)
+                self.health.failed(self.target, &self.addr, &error);
+                return Ok(None);
             }
-            Err(PostError::Unreachable(e)) => self.health.failed(self.target, &self.addr, e),
-            Err(PostError::Failed(e)) => self.health.failed(self.target, &self.addr, e),
-        }
-        let answer = match posted {
-            Ok(Some(answer)) => answer,
-            Ok(None) => return Ok(None),
-            Err(PostError::Unreachable(e)) => return Err(RPCError::Unreachable(Unreachable::new(&e))),
-            Err(PostError::Failed(e)) => return Err(network(e)),
+            Err(PostError::Unreachable(e)) => {
+                self.health.failed(self.target, &self.addr, &e);
+                return Err(RPCError::Unreachable(Unreachable::new(&e)));
+            }
+            Err(PostError::Failed(e)) => {
+                self.health.failed(self.target, &self.addr, &e);
+                return Err(network(e));
+            }
         };
         let result: Result<Resp, RaftError<NodeId, E>> =
             decode(&answer).map_err(|e| network(format!("decoding the answer of {path}: {e}")))?;

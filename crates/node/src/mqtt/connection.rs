@@ -317,18 +317,12 @@ impl ConnectionTask {
                     Ok(Event::Outgoing(Outgoing::Disconnect)) if self.stopping.is_some() => {
                         // Written and flushed: rumqttc reports an outgoing packet after its write.
                         tracing::info!("said DISCONNECT to the broker");
-                        if let Some(done) = self.stopping.take() {
-                            let _ = done.send(());
-                        }
-                        return;
+                        return self.stopped();
                     }
                     Ok(event) => self.on_event(event),
                     Err(error) if self.stopping.is_some() => {
                         tracing::debug!(%error, "the broker connection ended while saying DISCONNECT");
-                        if let Some(done) = self.stopping.take() {
-                            let _ = done.send(());
-                        }
-                        return;
+                        return self.stopped();
                     }
                     Err(error) => {
                         self.on_error(&error);
@@ -343,6 +337,13 @@ impl ConnectionTask {
                     None => return,
                 },
             }
+        }
+    }
+
+    /// Tells whoever asked for the stop that it is done; the task then ends.
+    fn stopped(&mut self) {
+        if let Some(done) = self.stopping.take() {
+            let _ = done.send(());
         }
     }
 
