@@ -30,6 +30,7 @@ pub struct Metrics {
     proposal_seconds: Histogram,
     batch_entries: Histogram,
     batch_bytes: Histogram,
+    appends_served: IntCounterVec,
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
@@ -67,6 +68,14 @@ impl Metrics {
                 .buckets(exponential_buckets(256.0, 4.0, 10)?),
         )?;
         registry.register(Box::new(batch_bytes.clone()))?;
+        let appends_served = IntCounterVec::new(
+            Opts::new(
+                "statestore_raft_appends_served_total",
+                "Appends from a leader this node has answered, by transport: stream (one connection per leader) or request (one HTTP request each)",
+            ),
+            &["transport"],
+        )?;
+        registry.register(Box::new(appends_served.clone()))?;
         Ok(Metrics {
             term: gauge(&registry, "statestore_raft_term", "The current Raft term")?,
             is_leader: gauge(&registry, "statestore_raft_is_leader", "1 if this node is the leader")?,
@@ -87,6 +96,7 @@ impl Metrics {
             proposal_seconds,
             batch_entries,
             batch_bytes,
+            appends_served,
             registry,
         })
     }
@@ -140,6 +150,11 @@ impl Metrics {
     pub fn observe_batch(&self, entries: usize, bytes: usize) {
         self.batch_entries.observe(entries as f64);
         self.batch_bytes.observe(bytes as f64);
+    }
+
+    /// Counts an append answered, `streamed` or sent as a request.
+    pub fn observe_append_served(&self, streamed: bool) {
+        self.appends_served.with_label_values(&[if streamed { "stream" } else { "request" }]).inc();
     }
 
     /// The Prometheus text exposition of every metric.

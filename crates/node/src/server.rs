@@ -4,6 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -100,6 +101,10 @@ pub async fn start(config: &NodeConfig) -> anyhow::Result<RunningNode> {
         }
         None => {
             let app = http::router(node.clone(), false);
+            // Answers (an append's above all) go out at once, not after the peer's next ACK.
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             tokio::spawn(async move {
                 axum::serve(listener, app).with_graceful_shutdown(stopped).await.context("serving HTTP")
             })

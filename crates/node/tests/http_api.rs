@@ -115,6 +115,53 @@ async fn raft_and_command_routes_refuse_malformed_bodies() {
     assert_eq!(missing.json::<Value>().await.unwrap()["code"], "not_found");
 }
 
+/// Opens an appends stream on `port` by hand: the status line of the node's answer, and the
+/// connection.
+async fn open_appends_stream(port: u16, upgrade: &str) -> (String, tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let request = format!(
+        "GET /raft/append/stream HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: upgrade\r\nupgrade: {upgrade}\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0];
+        assert_eq!(stream.read(&mut byte).await.unwrap(), 1, "the node closed before its answer's head ended");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    (head.lines().next().unwrap().to_string(), stream)
+}
+
+/// Frames that are not appends (garbage, a length over the limit, a frame cut short) close
+/// the stream they came on, and nothing else: the node keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_appends_stream_closes_on_a_malformed_frame() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cluster = Cluster::start(1, &[]).await;
+    let port = cluster.nodes[&1].port;
+    let (status, _) = open_appends_stream(port, "websocket").await;
+    assert!(status.starts_with("HTTP/1.1 426"), "{status}");
+    let garbage: [&[u8]; 3] = [&[0, 0, 0, 3, 0xFF, 0xFF, 0xFF], &[0xFF, 0xFF, 0xFF, 0xFF], &[0, 0, 0, 100, 1, 2]];
+    for frame in garbage {
+        let (status, mut stream) = open_appends_stream(port, "statestore-append/1").await;
+        assert!(status.starts_with("HTTP/1.1 101"), "{status}");
+        stream.write_all(frame).await.unwrap();
+        if frame.len() == 6 {
+            // Cut short: the rest never comes, the writer goes.
+            stream.shutdown().await.unwrap();
+        }
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{frame:?}: the stream stays open: {read:?} {rest:?}");
+    }
+    assert_eq!(cluster.set(1, "after-garbage", "v").await.unwrap().response, Response::Ok);
+    let logs = cluster.logs();
+    assert!(logs.contains("over the limit of"), "{logs}");
+    assert!(logs.contains("does not decode"), "{logs}");
+}
+
 fn signal(cluster: &Cluster, id: u64, signal: &str) {
     let pid = cluster.nodes[&id].child.as_ref().unwrap().id();
     assert!(Command::new("kill").arg(signal).arg(pid.to_string()).status().unwrap().success());
@@ -286,6 +333,14 @@ async fn a_cluster_secret_guards_raft_rpc_membership_and_commands() {
             assert!(body["message"].as_str().unwrap().contains("Authorization: Bearer"), "{body}");
         }
     }
+    let stream = anyone
+        .get(format!("{url}/raft/append/stream"))
+        .header("connection", "upgrade")
+        .header("upgrade", "statestore-append/1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 401, "an appends stream needs the secret too");
     let status = cluster.status(leader).await.unwrap();
     assert_eq!(status["voters"].as_array().unwrap().len(), 3, "the membership is unchanged");
     assert!(status["learners"].as_array().unwrap().is_empty());

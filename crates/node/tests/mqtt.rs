@@ -113,16 +113,25 @@ async fn a_voter_without_a_broker_that_leads_hands_leadership_over() {
         cluster.spawn(id);
     }
     // The first election comes with the cluster's initialization, before a front end has told
-    // its node that the broker is out of reach; a node with a broker elected then is stopped
-    // until node 3, the only one that may stand, leads.
+    // its node that the broker is out of reach. A node with a broker elected then keeps leading
+    // (no voter with a broker is ready to take over); it is stopped once node 3's log has caught
+    // up with its own, so that node 3, the only one that may stand, wins the next election. Had
+    // node 3's log been behind, the other node with a broker would refuse it and, after 10
+    // leases without a leader, stand as a last resort: it is then stopped in turn and the first
+    // one started again.
     let waiting = std::time::Instant::now();
     let mut stopped = None;
     while !cluster.status(3).await.is_some_and(|status| status["role"] == "leader") {
-        assert!(waiting.elapsed() < Duration::from_secs(20), "node 3 was not elected\n{}", cluster.logs());
+        assert!(waiting.elapsed() < Duration::from_secs(40), "node 3 was not elected\n{}", cluster.logs());
         for id in [1, 2] {
-            if stopped.is_none() && cluster.status(id).await.is_some_and(|status| status["role"] == "leader") {
+            let Some(status) = cluster.status(id).await.filter(|status| status["role"] == "leader") else { continue };
+            let caught_up =
+                cluster.status(3).await.is_some_and(|third| third["last_log_index"] == status["last_log_index"]);
+            if stopped != Some(id) && caught_up {
                 cluster.kill(id);
-                stopped = Some(id);
+                if let Some(earlier) = stopped.replace(id) {
+                    cluster.spawn(earlier);
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

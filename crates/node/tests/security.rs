@@ -87,6 +87,11 @@ async fn nodes_speak_https_with_client_certificates_and_refuse_everyone_else() {
     let index = cluster.status(leader).await.unwrap()["applied_index"].as_u64().unwrap();
     for id in 1..=3 {
         cluster.wait_applied(id, index).await;
+        if id != leader {
+            let metrics = cluster.metrics(id).await;
+            let streamed = common::metric(&metrics, "statestore_raft_appends_served_total{transport=\"stream\"}");
+            assert!(streamed.is_some_and(|appends| appends > 0.0), "appends stream over TLS: {metrics}");
+        }
     }
 
     // Without a client certificate: the open routes answer, the guarded ones do not.
@@ -103,6 +108,14 @@ async fn nodes_speak_https_with_client_certificates_and_refuse_everyone_else() {
     assert_eq!(body["code"], "client_certificate_required", "{body}");
     let vote = anonymous.post(format!("{url}/raft/vote")).body(Vec::new()).send().await.unwrap();
     assert_eq!(vote.status(), 401, "Raft RPC without a client certificate");
+    let stream = anonymous
+        .get(format!("{url}/raft/append/stream"))
+        .header("connection", "upgrade")
+        .header("upgrade", "statestore-append/1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 401, "an appends stream without a client certificate");
     let join = anonymous
         .post(format!("{url}/cluster/learners"))
         .json(&serde_json::json!({"id": 9, "address": "https://127.0.0.1:1"}))

@@ -10,7 +10,8 @@
 //! - [`snapshot`]: the snapshot byte format, streamed to and from files, and the directory that
 //!   keeps the latest snapshot.
 //! - [`election`]: when a node stands for election (a pre-vote first).
-//! - [`network`]: the HTTP client side of the Raft RPCs; [`wire`]: their encoding.
+//! - [`network`]: the client side of the Raft RPCs; [`append_stream`]: a leader's appends to a
+//!   peer over one upgraded HTTP connection; [`wire`]: their encoding.
 //! - [`identity`]: the cluster's name and each member's storage incarnation, checked on every
 //!   Raft message.
 //! - [`clocks`]: peers' wall clocks as their RPCs show them, and whether this node's agrees.
@@ -23,6 +24,7 @@
 // conversions at every trait boundary.
 #![allow(clippy::result_large_err)]
 
+pub mod append_stream;
 pub mod clocks;
 pub mod damage;
 pub mod db;

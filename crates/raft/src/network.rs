@@ -1,7 +1,8 @@
-//! The Raft network: each RPC is one HTTP POST with a bincode body to the target node's
-//! `/raft/append`, `/raft/vote` or `/raft/snapshot`, answered with a bincode
-//! `Result<response, RaftError>`; the [`election`](crate::election) pre-votes go to
-//! `/raft/prevote`.
+//! The Raft network: a leader's appends to a peer go over one long-lived connection
+//! ([`crate::append_stream`]), or, to a peer without those, as HTTP POSTs to `/raft/append`;
+//! votes and snapshots are one HTTP POST each to `/raft/vote` or `/raft/snapshot`. Bodies and
+//! frames are bincode, answers a bincode `Result<response, RaftError>`; the
+//! [`election`](crate::election) pre-votes go to `/raft/prevote`.
 //!
 //! A peer that refuses the connection is `Unreachable`, so openraft backs off instead of
 //! retrying at once. A peer that does not answer within the RPC's deadline is a `Timeout`: it
@@ -15,6 +16,7 @@
 //! steps instead of missing the deadline with the same large request again and again.
 
 use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -29,6 +31,11 @@ use openraft::EntryPayload;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use tokio::io::BufStream;
+
+use crate::append_stream::{
+    read_frame, write_frame, AnswerFrame, AppendFrame, Stamp, APPEND_STREAM_PATH, MAX_ANSWER_BYTES, UPGRADE_PROTOCOL,
+};
 use crate::clocks::{wall_clock_ms, PeerClocks, CLOCK_HEADER, FROM_HEADER};
 use crate::election::{PreVoteRequest, PreVoteResponse, PREVOTE_PATH};
 use crate::identity::{Claims, PeerIdentity, CLUSTER_HEADER, EXPECTED_HEADER, INCARNATION_HEADER};
@@ -120,35 +127,59 @@ impl NetworkFactory {
     }
 }
 
-/// Adds what `checks` says of this node (and of `target`) to a request.
-fn stamp(builder: reqwest::RequestBuilder, checks: &Option<PeerChecks>, target: NodeId) -> reqwest::RequestBuilder {
-    let Some(checks) = checks else { return builder };
-    let mut builder =
-        builder.header(FROM_HEADER, checks.me.to_string()).header(CLOCK_HEADER, wall_clock_ms().to_string());
+/// What `checks` says of this node (and of `target`) with a request or a streamed append.
+fn stamp_of(checks: &Option<PeerChecks>, target: NodeId) -> Stamp {
+    let Some(checks) = checks else { return Stamp::default() };
+    let mut stamp = Stamp { from: Some(checks.me), wall_clock_ms: Some(wall_clock_ms()), ..Stamp::default() };
     if let Some(identity) = &checks.identity {
-        builder = builder.header(INCARNATION_HEADER, &identity.incarnation);
-        let records = identity.records();
-        if let Some(cluster) = records.as_ref().and_then(|records| records.cluster_id.as_ref()) {
-            builder = builder.header(CLUSTER_HEADER, cluster);
-        }
-        if let Some(expected) = records.as_ref().and_then(|records| records.enrollments.get(&target)) {
-            builder = builder.header(EXPECTED_HEADER, expected);
+        stamp.incarnation = Some(identity.incarnation.clone());
+        if let Some(records) = identity.records() {
+            stamp.cluster = records.cluster_id.clone();
+            stamp.expected = records.enrollments.get(&target).cloned();
         }
     }
-    builder
+    stamp
 }
 
-/// Notes the clock an answer from `peer` carries and checks who answered; why the answer must
-/// not count, if it must not.
-fn check_answer(response: &reqwest::Response, peer: NodeId, checks: &Option<PeerChecks>) -> Result<(), String> {
+/// Adds what `checks` says of this node (and of `target`) to a request, as headers.
+fn stamp(builder: reqwest::RequestBuilder, checks: &Option<PeerChecks>, target: NodeId) -> reqwest::RequestBuilder {
+    let stamp = stamp_of(checks, target);
+    let headers = [
+        (FROM_HEADER, stamp.from.map(|from| from.to_string())),
+        (CLOCK_HEADER, stamp.wall_clock_ms.map(|ms| ms.to_string())),
+        (INCARNATION_HEADER, stamp.incarnation),
+        (CLUSTER_HEADER, stamp.cluster),
+        (EXPECTED_HEADER, stamp.expected),
+    ];
+    headers.into_iter().fold(builder, |builder, (name, value)| match value {
+        Some(value) => builder.header(name, value),
+        None => builder,
+    })
+}
+
+/// Notes the clock an answer from `peer` shows and checks who answered; why the answer must not
+/// count, if it must not.
+fn check_claims(
+    checks: &Option<PeerChecks>,
+    peer: NodeId,
+    wall_clock_ms: Option<u64>,
+    claims: &Claims,
+) -> Result<(), String> {
     let Some(checks) = checks else { return Ok(()) };
-    let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok());
-    if let Some(wall_clock_ms) = header(CLOCK_HEADER).and_then(|v| v.parse().ok()) {
+    if let Some(wall_clock_ms) = wall_clock_ms {
         checks.clocks.observe(peer, wall_clock_ms);
     }
-    let Some(identity) = &checks.identity else { return Ok(()) };
+    match &checks.identity {
+        Some(identity) => identity.check(peer, claims),
+        None => Ok(()),
+    }
+}
+
+/// [`check_claims`] of an answer's headers.
+fn check_answer(response: &reqwest::Response, peer: NodeId, checks: &Option<PeerChecks>) -> Result<(), String> {
+    let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok());
     let claims = Claims { incarnation: header(INCARNATION_HEADER), cluster: header(CLUSTER_HEADER), expected: None };
-    identity.check(peer, &claims)
+    check_claims(checks, peer, header(CLOCK_HEADER).and_then(|v| v.parse().ok()), &claims)
 }
 
 impl NetworkFactory {
@@ -205,7 +236,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> PeerClient {
         let addr = self.address(target, node);
-        let endpoints = [APPEND_PATH, VOTE_PATH, SNAPSHOT_PATH]
+        let endpoints = [APPEND_PATH, APPEND_STREAM_PATH, VOTE_PATH, SNAPSHOT_PATH]
             .into_iter()
             .filter_map(|path| Some((path, reqwest::Url::parse(&format!("{addr}{path}")).ok()?)))
             .collect();
@@ -216,6 +247,8 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             endpoints,
             retry_after: self.retry_after,
             append_budget: MAX_APPEND_BYTES,
+            stream: None,
+            streams: true,
             checks: self.checks.clone(),
             health: self.health.clone(),
         }
@@ -232,6 +265,12 @@ pub struct PeerClient {
     retry_after: Duration,
     /// How many entry bytes the next append request may carry.
     append_budget: usize,
+    /// The open appends stream ([`crate::append_stream`]); the next append opens one when none
+    /// is. Only ever used through `&mut self`: the mutex is never locked, it only makes the
+    /// client `Sync`, as openraft needs, over a connection that is not.
+    stream: Option<Mutex<BufStream<reqwest::Upgraded>>>,
+    /// False once the peer answered that it has no appends streams: appends go as requests.
+    streams: bool,
     checks: Option<PeerChecks>,
     health: PeerHealth,
 }
@@ -240,12 +279,26 @@ pub struct PeerClient {
 #[error("{0}")]
 struct RpcFailure(String);
 
-/// Why a POST to a peer got no answer.
+/// Why an RPC to a peer got no answer.
 enum PostError {
     /// No connection: openraft backs off before trying again.
-    Unreachable(reqwest::Error),
+    Unreachable(String),
     /// The connection failed later, or the answer is not one.
     Failed(String),
+}
+
+/// What came of one RPC: openraft's result on the peer, `None` when no answer came within the
+/// deadline, or why there was none.
+type Outcome<Resp, E> = Result<Option<Result<Resp, RaftError<NodeId, E>>>, PostError>;
+
+/// The response of a request that was sent, `None` past its deadline.
+fn sent(result: reqwest::Result<reqwest::Response>) -> Result<Option<reqwest::Response>, PostError> {
+    match result {
+        Ok(response) => Ok(Some(response)),
+        Err(e) if e.is_timeout() => Ok(None),
+        Err(e) if e.is_connect() => Err(PostError::Unreachable(e.to_string())),
+        Err(e) => Err(PostError::Failed(e.to_string())),
+    }
 }
 
 impl PeerClient {
@@ -259,65 +312,62 @@ impl PeerClient {
         RPCError::Timeout(Timeout { action, id: from, target: self.target, timeout: option.hard_ttl() })
     }
 
-    /// Sends one RPC; `Ok(None)` when the peer did not answer within the deadline. Whether the
-    /// peer answered goes to the [`PeerHealth`].
-    async fn call<Req, Resp, E>(
+    /// Records in the [`PeerHealth`] whether the peer answered, and maps the outcome of an RPC to
+    /// `path` for openraft: `Ok(None)` when the peer did not answer within `deadline`.
+    fn settle<Resp, E: std::error::Error>(
         &self,
-        path: &'static str,
-        request: &Req,
-        option: &RPCOption,
-    ) -> Result<Option<Resp>, RPCError<NodeId, Node, RaftError<NodeId, E>>>
+        path: &str,
+        outcome: Outcome<Resp, E>,
+        deadline: Duration,
+    ) -> Result<Option<Resp>, RPCError<NodeId, Node, RaftError<NodeId, E>>> {
+        let failed = |error: &str| self.health.failed(self.target, &self.addr, &error);
+        match outcome {
+            Ok(Some(result)) => {
+                self.health.answered(self.target, &self.addr);
+                result.map(Some).map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(None) => {
+                failed(&format!("no answer to {path} within {} ms", deadline.as_millis()));
+                Ok(None)
+            }
+            Err(PostError::Unreachable(e)) => {
+                failed(&e);
+                Err(RPCError::Unreachable(Unreachable::new(&RpcFailure(e))))
+            }
+            Err(PostError::Failed(e)) => {
+                failed(&e);
+                Err(RPCError::Network(NetworkError::new(&RpcFailure(e))))
+            }
+        }
+    }
+
+    /// Sends one RPC as a request to `path`.
+    async fn request<Req, Resp, E>(&self, path: &'static str, request: &Req, deadline: Duration) -> Outcome<Resp, E>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
+        E: DeserializeOwned,
     {
-        let network = |detail: String| RPCError::Network(NetworkError::new(&RpcFailure(detail)));
-        let body = encode(request).map_err(|e| network(format!("encoding the request: {e}")))?;
-        let answer = match self.post(path, body, option.hard_ttl()).await {
-            Ok(Some(answer)) => {
-                self.health.answered(self.target, &self.addr);
-                answer
-            }
-            Ok(None) => {
-                let error = format!("no answer to {path} within {} ms", option.hard_ttl().as_millis());
-                self.health.failed(self.target, &self.addr, &error);
-                return Ok(None);
-            }
-            Err(PostError::Unreachable(e)) => {
-                self.health.failed(self.target, &self.addr, &e);
-                return Err(RPCError::Unreachable(Unreachable::new(&e)));
-            }
-            Err(PostError::Failed(e)) => {
-                self.health.failed(self.target, &self.addr, &e);
-                return Err(network(e));
-            }
+        let body = encode(request).map_err(|e| PostError::Failed(format!("encoding the request: {e}")))?;
+        let Some(answer) = self.post(path, body, deadline).await? else { return Ok(None) };
+        decode(&answer).map(Some).map_err(|e| PostError::Failed(format!("decoding the answer of {path}: {e}")))
+    }
+
+    /// A request builder for `method` to the peer's `path`.
+    fn to(&self, method: reqwest::Method, path: &'static str) -> reqwest::RequestBuilder {
+        let builder = match self.endpoints.iter().find(|(known, _)| *known == path) {
+            Some((_, url)) => self.client.request(method, url.clone()),
+            // An address that does not parse: reqwest reports it.
+            None => self.client.request(method, format!("{}{path}", self.addr)),
         };
-        let result: Result<Resp, RaftError<NodeId, E>> =
-            decode(&answer).map_err(|e| network(format!("decoding the answer of {path}: {e}")))?;
-        result.map(Some).map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        stamp(builder, &self.checks, self.target)
     }
 
     /// POSTs `body` to the peer's `path`: the body of its answer, or `None` when none came
     /// within `deadline`.
     async fn post(&self, path: &'static str, body: Vec<u8>, deadline: Duration) -> Result<Option<Bytes>, PostError> {
-        let post = match self.endpoints.iter().find(|(known, _)| *known == path) {
-            Some((_, url)) => self.client.post(url.clone()),
-            // An address that does not parse: reqwest reports it.
-            None => self.client.post(format!("{}{path}", self.addr)),
-        };
-        let sent = stamp(post, &self.checks, self.target)
-            .header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE)
-            .timeout(deadline)
-            .body(body)
-            .send()
-            .await;
-        let response = match sent {
-            Ok(response) => response,
-            Err(e) if e.is_timeout() => return Ok(None),
-            Err(e) if e.is_connect() => return Err(PostError::Unreachable(e)),
-            Err(e) => return Err(PostError::Failed(e.to_string())),
-        };
+        let request = self.to(reqwest::Method::POST, path).header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE);
+        let Some(response) = sent(request.timeout(deadline).body(body).send().await)? else { return Ok(None) };
         check_answer(&response, self.target, &self.checks).map_err(PostError::Failed)?;
         let status = response.status();
         let answer = match response.bytes().await {
@@ -329,6 +379,91 @@ impl PeerClient {
             return Err(PostError::Failed(format!("{path} answered {status}: {}", String::from_utf8_lossy(&answer))));
         }
         Ok(Some(answer))
+    }
+
+    /// Sends one append over the appends stream, or as a request to a peer without streams.
+    async fn append(
+        &mut self,
+        rpc: &AppendEntriesRequest<TypeConfig>,
+        deadline: Duration,
+    ) -> (&'static str, Outcome<AppendEntriesResponse<NodeId>, openraft::error::Infallible>) {
+        if self.streams {
+            match tokio::time::timeout(deadline, self.append_streamed(rpc)).await {
+                Ok(Some(outcome)) => return (APPEND_STREAM_PATH, outcome),
+                Ok(None) => {
+                    tracing::info!(
+                        peer = self.target,
+                        "the peer has no appends streams: sending it appends as requests"
+                    );
+                    self.streams = false;
+                }
+                // The stream in use was dropped with the append: a late answer must not be read as
+                // the next append's.
+                Err(_) => return (APPEND_STREAM_PATH, Ok(None)),
+            }
+        }
+        (APPEND_PATH, self.request(APPEND_PATH, rpc, deadline).await)
+    }
+
+    /// One append over the open stream, or a new one; `None` when the peer has no streams. A
+    /// stream that fails is closed; when it had served earlier appends (the peer may have
+    /// restarted or closed it idle since), the append is sent once more over a new one.
+    async fn append_streamed(
+        &mut self,
+        rpc: &AppendEntriesRequest<TypeConfig>,
+    ) -> Option<Outcome<AppendEntriesResponse<NodeId>, openraft::error::Infallible>> {
+        loop {
+            let fresh = self.stream.is_none();
+            // Taken while in use: an append that fails or runs out of time drops it.
+            let mut stream = match self.stream.take() {
+                Some(stream) => stream.into_inner().unwrap_or_else(PoisonError::into_inner),
+                None => match self.open_stream().await {
+                    Ok(Some(stream)) => stream,
+                    Ok(None) => return None,
+                    Err(e) => return Some(Err(e)),
+                },
+            };
+            let frame = AppendFrame { stamp: stamp_of(&self.checks, self.target), request: rpc };
+            let exchanged = match write_frame(&mut stream, &frame).await {
+                Ok(()) => read_frame::<_, AnswerFrame>(&mut stream, MAX_ANSWER_BYTES).await,
+                Err(e) => Err(e),
+            };
+            let answer = match exchanged {
+                Ok(Some(answer)) => answer,
+                Ok(None) | Err(_) if !fresh => continue,
+                Ok(None) => return Some(Err(PostError::Failed(format!("{APPEND_STREAM_PATH}: the peer closed it")))),
+                Err(e) => return Some(Err(PostError::Failed(format!("{APPEND_STREAM_PATH}: {e}")))),
+            };
+            self.stream = Some(Mutex::new(stream));
+            let checked = check_claims(&self.checks, self.target, Some(answer.wall_clock_ms), &answer.claims());
+            return Some(match checked.and(answer.answer) {
+                Ok(result) => Ok(Some(result)),
+                Err(why) => Err(PostError::Failed(format!("{APPEND_STREAM_PATH} refused: {why}"))),
+            });
+        }
+    }
+
+    /// Opens an appends stream; `None` when the peer has none (it answers 404 or 405).
+    async fn open_stream(&self) -> Result<Option<BufStream<reqwest::Upgraded>>, PostError> {
+        let request = self
+            .to(reqwest::Method::GET, APPEND_STREAM_PATH)
+            .header(reqwest::header::CONNECTION, "upgrade")
+            .header(reqwest::header::UPGRADE, UPGRADE_PROTOCOL);
+        let Some(response) = sent(request.send().await)? else {
+            return Err(PostError::Failed(format!("{APPEND_STREAM_PATH}: no answer")));
+        };
+        check_answer(&response, self.target, &self.checks).map_err(PostError::Failed)?;
+        match response.status() {
+            reqwest::StatusCode::SWITCHING_PROTOCOLS => match response.upgrade().await {
+                Ok(upgraded) => Ok(Some(BufStream::new(upgraded))),
+                Err(e) => Err(PostError::Failed(format!("{APPEND_STREAM_PATH}: {e}"))),
+            },
+            reqwest::StatusCode::NOT_FOUND | reqwest::StatusCode::METHOD_NOT_ALLOWED => Ok(None),
+            status => {
+                let body = response.text().await.unwrap_or_default();
+                Err(PostError::Failed(format!("{APPEND_STREAM_PATH} answered {status}: {body}")))
+            }
+        }
     }
 }
 
@@ -373,7 +508,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         }
         let last_carried = rpc.entries.last().map(|entry| entry.log_id);
         let from = rpc.vote.leader_id().voted_for().unwrap_or_default();
-        match self.call(APPEND_PATH, &rpc, &option).await? {
+        let (path, outcome) = self.append(&rpc, option.hard_ttl()).await;
+        match self.settle(path, outcome, option.hard_ttl())? {
             None => {
                 self.append_budget = (self.append_budget / 2).max(MIN_APPEND_BYTES);
                 Err(self.timeout(RPCTypes::AppendEntries, from, &option))
@@ -394,7 +530,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId, InstallSnapshotError>>> {
         let from = rpc.vote.leader_id().voted_for().unwrap_or_default();
-        match self.call(SNAPSHOT_PATH, &rpc, &option).await? {
+        let outcome = self.request(SNAPSHOT_PATH, &rpc, option.hard_ttl()).await;
+        match self.settle(SNAPSHOT_PATH, outcome, option.hard_ttl())? {
             Some(response) => Ok(response),
             None => Err(self.timeout(RPCTypes::InstallSnapshot, from, &option)),
         }
@@ -406,7 +543,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
         let from = rpc.vote.leader_id().voted_for().unwrap_or_default();
-        match self.call(VOTE_PATH, &rpc, &option).await? {
+        let outcome = self.request(VOTE_PATH, &rpc, option.hard_ttl()).await;
+        match self.settle(VOTE_PATH, outcome, option.hard_ttl())? {
             Some(response) => Ok(response),
             None => Err(self.timeout(RPCTypes::Vote, from, &option)),
         }

@@ -4,6 +4,7 @@
 //! | route | what |
 //! |---|---|
 //! | `POST /raft/append`, `/raft/vote`, `/raft/snapshot`, `/raft/prevote` | Raft RPC, bincode bodies ([`raft_rpc`]) |
+//! | `GET /raft/append/stream` | a leader's appends to this node over one upgraded connection ([`raft_rpc::append_stream`]) |
 //! | `GET /cluster`, `POST /cluster/learners`, `POST /cluster/members` | membership, JSON ([`cluster`]); a follower forwards changes to the leader ([`forward`]) |
 //! | `GET /health`, `GET /ready`, `GET /metrics` | liveness, readiness, Prometheus ([`cluster`]) |
 //! | `POST /v1/command` | execute one RESP3 request ([`command`]); a follower forwards it to the leader ([`forward`]) |
@@ -34,8 +35,9 @@ use statestore_api::routes;
 
 use crate::node::{ExecuteError, Node};
 
-/// Raft RPC bodies: an append of 64 entries of 1 MiB values, or a snapshot chunk, fits.
-const RAFT_BODY_LIMIT: usize = 128 << 20;
+/// Raft RPC bodies and streamed append frames: an append of 64 entries of 1 MiB values, or a
+/// snapshot chunk, fits.
+pub(crate) const RAFT_BODY_LIMIT: usize = 128 << 20;
 /// A RESP3 request of `/v1/command`.
 pub(crate) const COMMAND_BODY_LIMIT: usize = 16 << 20;
 
@@ -45,6 +47,7 @@ pub fn router(node: Arc<Node>, client_certificates: bool) -> Router {
     let authenticated = middleware::from_fn_with_state(node.clone(), require_secret);
     let raft = Router::new()
         .route(statestore_raft::network::APPEND_PATH, post(raft_rpc::append))
+        .route(statestore_raft::append_stream::APPEND_STREAM_PATH, get(raft_rpc::append_stream))
         .route(statestore_raft::network::VOTE_PATH, post(raft_rpc::vote))
         .route(statestore_raft::network::SNAPSHOT_PATH, post(raft_rpc::snapshot))
         .route(statestore_raft::election::PREVOTE_PATH, post(raft_rpc::prevote))

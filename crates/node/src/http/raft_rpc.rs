@@ -11,12 +11,16 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use statestore_raft::append_stream::{read_frame, write_frame, AnswerFrame, ReceivedAppend, UPGRADE_PROTOCOL};
 use statestore_raft::clocks::{wall_clock_ms, CLOCK_HEADER, FROM_HEADER};
 use statestore_raft::identity::{Claims, CLUSTER_HEADER, EXPECTED_HEADER, INCARNATION_HEADER};
 use statestore_raft::wire::{decode, encode, CONTENT_TYPE};
+use tokio::io::{AsyncRead, AsyncWrite, BufStream};
 
+use crate::http::RAFT_BODY_LIMIT;
 use crate::node::Node;
 
 /// Notes the sender's clock of every Raft request and checks who sent it (refused with 409 when
@@ -25,24 +29,16 @@ use crate::node::Node;
 pub async fn check_peer(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
     let refusal = {
         let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
-        let from = header(FROM_HEADER).and_then(|v| v.parse::<u64>().ok());
-        if let (Some(from), Some(wall_clock_ms)) = (from, header(CLOCK_HEADER).and_then(|v| v.parse().ok())) {
-            node.clock_check.clocks.observe(from, wall_clock_ms);
-        }
         let claims = Claims {
             incarnation: header(INCARNATION_HEADER),
             cluster: header(CLUSTER_HEADER),
             expected: header(EXPECTED_HEADER),
         };
-        from.and_then(|from| node.identity.check(from, &claims).err())
+        let from = header(FROM_HEADER).and_then(|v| v.parse::<u64>().ok());
+        check_sender(&node, from, header(CLOCK_HEADER).and_then(|v| v.parse().ok()), &claims).err()
     };
     let mut response = match refusal {
-        Some(why) => {
-            if warn_now() {
-                tracing::warn!(why, "refused a Raft request");
-            }
-            (StatusCode::CONFLICT, why).into_response()
-        }
+        Some(why) => (StatusCode::CONFLICT, why).into_response(),
         None => next.run(request).await,
     };
     let headers = response.headers_mut();
@@ -57,6 +53,20 @@ pub async fn check_peer(State(node): State<Arc<Node>>, request: Request, next: N
         add(CLUSTER_HEADER, &cluster);
     }
     response
+}
+
+/// Notes the sender's clock and checks who sent a Raft request or a streamed append: why it is
+/// refused, if it is (logged at most once per [`REFUSAL_LOG_EVERY`]).
+fn check_sender(node: &Node, from: Option<u64>, wall_clock_ms: Option<u64>, claims: &Claims) -> Result<(), String> {
+    let Some(from) = from else { return Ok(()) };
+    if let Some(wall_clock_ms) = wall_clock_ms {
+        node.clock_check.clocks.observe(from, wall_clock_ms);
+    }
+    node.identity.check(from, claims).inspect_err(|why| {
+        if warn_now() {
+            tracing::warn!(why, "refused a Raft request");
+        }
+    })
 }
 
 /// True at most once per [`REFUSAL_LOG_EVERY`]: a refused peer retries every heartbeat.
@@ -87,6 +97,7 @@ where
 }
 
 pub async fn append(State(node): State<Arc<Node>>, body: Bytes) -> Response {
+    node.metrics.observe_append_served(false);
     rpc(body, |request| async move { node.raft.append_entries(request).await }).await
 }
 
@@ -108,4 +119,68 @@ pub async fn prevote(State(node): State<Arc<Node>>, body: Bytes) -> Response {
         })
     })
     .await
+}
+
+/// Opens an appends stream ([`statestore_raft::append_stream`]): answers `101 Switching
+/// Protocols` and serves the connection's frames on a task of its own. The request has passed
+/// the checks of every Raft request by then.
+pub async fn append_stream(State(node): State<Arc<Node>>, mut request: Request) -> Response {
+    let upgrade = request.headers().get(header::UPGRADE).and_then(|v| v.to_str().ok());
+    if upgrade != Some(UPGRADE_PROTOCOL) {
+        let why = format!("an appends stream needs `Connection: upgrade` and `Upgrade: {UPGRADE_PROTOCOL}`");
+        return (StatusCode::UPGRADE_REQUIRED, [(header::UPGRADE, UPGRADE_PROTOCOL)], why).into_response();
+    }
+    let Some(upgrading) = request.extensions_mut().remove::<hyper::upgrade::OnUpgrade>() else {
+        return (StatusCode::BAD_REQUEST, "this connection cannot be upgraded (HTTP/1.1 only)").into_response();
+    };
+    tokio::spawn(async move {
+        match upgrading.await {
+            Ok(upgraded) => serve_appends(node, BufStream::new(TokioIo::new(upgraded))).await,
+            Err(e) => tracing::debug!(error = %e, "an appends stream was not opened"),
+        }
+    });
+    (StatusCode::SWITCHING_PROTOCOLS, [(header::CONNECTION, "upgrade"), (header::UPGRADE, UPGRADE_PROTOCOL)])
+        .into_response()
+}
+
+/// How long an appends stream may stay without a frame before this node closes it. A leader
+/// sends one at least every heartbeat; one that stopped (paused, cut off) opens another.
+const STREAM_IDLE: Duration = Duration::from_secs(30);
+
+/// Answers the appends of one stream, in order, until the leader closes it, it stays idle for
+/// [`STREAM_IDLE`], or a frame is malformed (over [`RAFT_BODY_LIMIT`] or not an append).
+async fn serve_appends<S: AsyncRead + AsyncWrite + Unpin>(node: Arc<Node>, mut stream: S) {
+    loop {
+        let frame: ReceivedAppend =
+            match tokio::time::timeout(STREAM_IDLE, read_frame(&mut stream, RAFT_BODY_LIMIT)).await {
+                Ok(Ok(Some(frame))) => frame,
+                Ok(Ok(None)) => return,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "closing an appends stream");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(idle_s = STREAM_IDLE.as_secs(), "closing an idle appends stream");
+                    return;
+                }
+            };
+        let stamp = &frame.stamp;
+        let answer = match check_sender(&node, stamp.from, stamp.wall_clock_ms, &stamp.claims()) {
+            Ok(()) => {
+                node.metrics.observe_append_served(true);
+                Ok(node.raft.append_entries(frame.request).await)
+            }
+            Err(why) => Err(why),
+        };
+        let answer = AnswerFrame {
+            wall_clock_ms: wall_clock_ms(),
+            incarnation: node.identity.incarnation.clone(),
+            cluster: node.identity.cluster_id(),
+            answer,
+        };
+        if let Err(e) = write_frame(&mut stream, &answer).await {
+            tracing::debug!(error = %e, "an appends stream closed before its answer");
+            return;
+        }
+    }
 }
