@@ -112,6 +112,9 @@ pub struct Node {
     /// The node's own background tasks (elector, snapshot policy, enrollment, watches): ended
     /// before Raft stops, so none asks a stopped Raft for anything.
     duties: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+    /// True once the node stops taking Raft messages: its appends streams close at the next
+    /// frame, before Raft stops, as its HTTP server stops taking requests.
+    closed_to_peers: tokio::sync::watch::Sender<bool>,
 }
 
 impl Node {
@@ -203,6 +206,7 @@ impl Node {
             identity,
             peer_health,
             duties: std::sync::Mutex::default(),
+            closed_to_peers: tokio::sync::watch::Sender::new(false),
         });
         node.metrics.watch(node.clone());
         node.spawn_duty(crate::events::log_cluster_events(node.clone()));
@@ -368,7 +372,18 @@ impl Node {
     /// Ends the node's background tasks and refuses new requests, then stops Raft (no more
     /// votes, appends or applies), then writes what was applied to disk, so that the node does
     /// not apply the log again when it starts.
+    /// Stops taking Raft messages over appends streams: each closes at its next frame.
+    pub fn close_to_peers(&self) {
+        self.closed_to_peers.send_replace(true);
+    }
+
+    /// Completes once the node stops taking Raft messages ([`Node::close_to_peers`]).
+    pub async fn peers_closed(&self) {
+        let _ = self.closed_to_peers.subscribe().wait_for(|closed| *closed).await;
+    }
+
     pub async fn shutdown(&self) {
+        self.close_to_peers();
         for duty in self.duties.lock().unwrap().drain(..) {
             duty.abort();
         }

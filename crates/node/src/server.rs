@@ -30,6 +30,7 @@ impl RunningNode {
             front_end.stop().await;
         }
         let _ = self.stop.send(());
+        self.node.close_to_peers();
         let served = drain(self.served).await;
         self.node.shutdown().await;
         served

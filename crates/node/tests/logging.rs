@@ -79,6 +79,42 @@ async fn a_clean_stop_logs_no_error() {
     assert!(bad.is_empty(), "errors or warnings in a clean stop:\n{stopping}");
 }
 
+/// A follower stopped with SIGTERM while the leader keeps writing stops as quietly: its appends
+/// stream from the leader closes before its Raft stops, so no append reaches a stopped Raft
+/// (openraft logs each of those as an error).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_follower_stopped_under_writes_logs_no_error() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    cluster.wait_ready().await;
+    let leader = cluster.wait_leader().await;
+    let follower = cluster.running().into_iter().find(|id| *id != leader).unwrap();
+    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (http, url) = (cluster.http.clone(), format!("{}/v1/command", cluster.url(leader)));
+    let writer = tokio::spawn({
+        let writing = writing.clone();
+        async move {
+            let mut written = 0;
+            while writing.load(std::sync::atomic::Ordering::SeqCst) {
+                let set = statestore_protocol::Set::new(format!("quiet-{written}"), "v").encode();
+                let sent = http.post(&url).header("statestore-ts", common::timestamp()).body(set).send().await;
+                assert_eq!(sent.unwrap().status(), 200);
+                written += 1;
+            }
+            written
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let log = cluster.nodes[&follower].log.clone();
+    let before = std::fs::read_to_string(&log).unwrap().len();
+    assert!(cluster.terminate(follower).success(), "the follower did not exit cleanly:\n{}", cluster.logs());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    writing.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(writer.await.unwrap() > 10, "the leader kept writing");
+    let stopping = std::fs::read_to_string(&log).unwrap()[before..].to_string();
+    let bad: Vec<&str> = stopping.lines().filter(|l| l.contains(" ERROR ") || l.contains(" WARN ")).collect();
+    assert!(bad.is_empty(), "errors or warnings in a follower's clean stop:\n{stopping}");
+}
+
 /// A follower down for seconds costs the leader a handful of lines, not one per retry: one
 /// line names the peer that does not answer, openraft's own warnings come once per kind, and
 /// one line says when the peer answers again.

@@ -99,7 +99,7 @@ impl AppendPeer {
             APPEND_PATH,
             axum::routing::post(move || {
                 counted.fetch_add(1, Ordering::SeqCst);
-                async { encode(&success()).unwrap() }
+                async { encode(&SUCCESS).unwrap() }
             }),
         );
         if let Some(serve) = streams {
@@ -124,9 +124,10 @@ impl AppendPeer {
     }
 }
 
-fn success() -> Result<AppendEntriesResponse<u64>, openraft::error::RaftError<u64>> {
-    Ok(AppendEntriesResponse::Success)
-}
+/// openraft's answer to an append that succeeded, as a peer sends it.
+type AppendResult = Result<AppendEntriesResponse<u64>, openraft::error::RaftError<u64>>;
+
+const SUCCESS: AppendResult = Ok(AppendEntriesResponse::Success);
 
 async fn append_to(
     client: &mut statestore_raft::network::PeerClient,
@@ -150,7 +151,7 @@ async fn client_of(peer: &AppendPeer) -> statestore_raft::network::PeerClient {
 async fn answer_appends(mut io: Served, answers: usize) {
     for _ in 0..answers {
         let Ok(Some(_)) = read_frame::<_, ReceivedAppend>(&mut io, 1 << 20).await else { return };
-        let answer = AnswerFrame { wall_clock_ms: 0, incarnation: "peer".into(), cluster: None, answer: Ok(success()) };
+        let answer = AnswerFrame { wall_clock_ms: 0, incarnation: "peer".into(), cluster: None, answer: Ok(SUCCESS) };
         write_frame(&mut io, &answer).await.unwrap();
     }
 }

@@ -148,22 +148,27 @@ pub async fn append_stream(State(node): State<Arc<Node>>, mut request: Request) 
 const STREAM_IDLE: Duration = Duration::from_secs(30);
 
 /// Answers the appends of one stream, in order, until the leader closes it, it stays idle for
-/// [`STREAM_IDLE`], or a frame is malformed (over [`RAFT_BODY_LIMIT`] or not an append).
+/// [`STREAM_IDLE`], a frame is malformed (over [`RAFT_BODY_LIMIT`] or not an append), or this
+/// node stops taking Raft messages.
 async fn serve_appends<S: AsyncRead + AsyncWrite + Unpin>(node: Arc<Node>, mut stream: S) {
     loop {
-        let frame: ReceivedAppend =
-            match tokio::time::timeout(STREAM_IDLE, read_frame(&mut stream, RAFT_BODY_LIMIT)).await {
-                Ok(Ok(Some(frame))) => frame,
-                Ok(Ok(None)) => return,
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "closing an appends stream");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(idle_s = STREAM_IDLE.as_secs(), "closing an idle appends stream");
-                    return;
-                }
-            };
+        let read = tokio::select! {
+            biased;
+            _ = node.peers_closed() => return,
+            read = tokio::time::timeout(STREAM_IDLE, read_frame(&mut stream, RAFT_BODY_LIMIT)) => read,
+        };
+        let frame: ReceivedAppend = match read {
+            Ok(Ok(Some(frame))) => frame,
+            Ok(Ok(None)) => return,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "closing an appends stream");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(idle_s = STREAM_IDLE.as_secs(), "closing an idle appends stream");
+                return;
+            }
+        };
         let stamp = &frame.stamp;
         let answer = match check_sender(&node, stamp.from, stamp.wall_clock_ms, &stamp.claims()) {
             Ok(()) => {
