@@ -117,7 +117,7 @@ async fn raft_and_command_routes_refuse_malformed_bodies() {
 
 /// Opens an appends stream on `port` by hand: the status line of the node's answer, and the
 /// connection.
-async fn open_appends_stream(port: u16, upgrade: &str) -> (String, tokio::net::TcpStream) {
+async fn open_appends_stream_by_hand(port: u16, upgrade: &str) -> (String, tokio::net::TcpStream) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let request = format!(
@@ -141,11 +141,11 @@ async fn an_appends_stream_closes_on_a_malformed_frame() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let cluster = Cluster::start(1, &[]).await;
     let port = cluster.nodes[&1].port;
-    let (status, _) = open_appends_stream(port, "websocket").await;
+    let (status, _) = open_appends_stream_by_hand(port, "websocket").await;
     assert!(status.starts_with("HTTP/1.1 426"), "{status}");
     let garbage: [&[u8]; 3] = [&[0, 0, 0, 3, 0xFF, 0xFF, 0xFF], &[0xFF, 0xFF, 0xFF, 0xFF], &[0, 0, 0, 100, 1, 2]];
     for frame in garbage {
-        let (status, mut stream) = open_appends_stream(port, "statestore-append/1").await;
+        let (status, mut stream) = open_appends_stream_by_hand(port, "statestore-append/1").await;
         assert!(status.starts_with("HTTP/1.1 101"), "{status}");
         stream.write_all(frame).await.unwrap();
         if frame.len() == 6 {
@@ -333,14 +333,7 @@ async fn a_cluster_secret_guards_raft_rpc_membership_and_commands() {
             assert!(body["message"].as_str().unwrap().contains("Authorization: Bearer"), "{body}");
         }
     }
-    let stream = anyone
-        .get(format!("{url}/raft/append/stream"))
-        .header("connection", "upgrade")
-        .header("upgrade", "statestore-append/1")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status(), 401, "an appends stream needs the secret too");
+    assert_eq!(common::open_appends_stream(&anyone, &url).await, 401, "an appends stream needs the secret too");
     let status = cluster.status(leader).await.unwrap();
     assert_eq!(status["voters"].as_array().unwrap().len(), 3, "the membership is unchanged");
     assert!(status["learners"].as_array().unwrap().is_empty());

@@ -108,14 +108,11 @@ async fn nodes_speak_https_with_client_certificates_and_refuse_everyone_else() {
     assert_eq!(body["code"], "client_certificate_required", "{body}");
     let vote = anonymous.post(format!("{url}/raft/vote")).body(Vec::new()).send().await.unwrap();
     assert_eq!(vote.status(), 401, "Raft RPC without a client certificate");
-    let stream = anonymous
-        .get(format!("{url}/raft/append/stream"))
-        .header("connection", "upgrade")
-        .header("upgrade", "statestore-append/1")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status(), 401, "an appends stream without a client certificate");
+    assert_eq!(
+        common::open_appends_stream(&anonymous, &url).await,
+        401,
+        "an appends stream without a client certificate"
+    );
     let join = anonymous
         .post(format!("{url}/cluster/learners"))
         .json(&serde_json::json!({"id": 9, "address": "https://127.0.0.1:1"}))

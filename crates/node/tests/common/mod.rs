@@ -428,6 +428,15 @@ impl Drop for Cluster {
     }
 }
 
+/// Asks the node at `url` to open an appends stream, as a leader does: the status it answers.
+pub async fn open_appends_stream(http: &reqwest::Client, url: &str) -> reqwest::StatusCode {
+    let request = http
+        .get(format!("{url}/raft/append/stream"))
+        .header("connection", "upgrade")
+        .header("upgrade", statestore_raft::append_stream::UPGRADE_PROTOCOL);
+    request.send().await.unwrap().status()
+}
+
 /// A metric's value in Prometheus text: `name` alone sums over its label sets, `name{labels}`
 /// picks one series.
 pub fn metric(text: &str, name: &str) -> Option<f64> {
