@@ -378,8 +378,11 @@ impl Node {
     }
 
     /// Completes once the node stops taking Raft messages ([`Node::close_to_peers`]).
-    pub async fn peers_closed(&self) {
-        let _ = self.closed_to_peers.subscribe().wait_for(|closed| *closed).await;
+    pub fn peers_closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut closed = self.closed_to_peers.subscribe();
+        async move {
+            let _ = closed.wait_for(|closed| *closed).await;
+        }
     }
 
     pub async fn shutdown(&self) {

@@ -143,18 +143,21 @@ pub async fn append_stream(State(node): State<Arc<Node>>, mut request: Request) 
         .into_response()
 }
 
-/// How long an appends stream may stay without a frame before this node closes it. A leader
-/// sends one at least every heartbeat; one that stopped (paused, cut off) opens another.
+/// How long an appends stream may stay without a frame (or an answer unread) before this node
+/// closes it. A leader sends one at least every heartbeat; one that stopped (paused, cut off)
+/// opens another.
 const STREAM_IDLE: Duration = Duration::from_secs(30);
 
 /// Answers the appends of one stream, in order, until the leader closes it, it stays idle for
 /// [`STREAM_IDLE`], a frame is malformed (over [`RAFT_BODY_LIMIT`] or not an append), or this
 /// node stops taking Raft messages.
 async fn serve_appends<S: AsyncRead + AsyncWrite + Unpin>(node: Arc<Node>, mut stream: S) {
+    let closed = node.peers_closed();
+    tokio::pin!(closed);
     loop {
         let read = tokio::select! {
             biased;
-            _ = node.peers_closed() => return,
+            _ = &mut closed => return,
             read = tokio::time::timeout(STREAM_IDLE, read_frame(&mut stream, RAFT_BODY_LIMIT)) => read,
         };
         let frame: ReceivedAppend = match read {
@@ -183,9 +186,16 @@ async fn serve_appends<S: AsyncRead + AsyncWrite + Unpin>(node: Arc<Node>, mut s
             cluster: node.identity.cluster_id(),
             answer,
         };
-        if let Err(e) = write_frame(&mut stream, &answer).await {
-            tracing::debug!(error = %e, "an appends stream closed before its answer");
-            return;
+        match tokio::time::timeout(STREAM_IDLE, write_frame(&mut stream, &answer)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "an appends stream closed before its answer");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(idle_s = STREAM_IDLE.as_secs(), "a leader read no answer; closing its appends stream");
+                return;
+            }
         }
     }
 }
