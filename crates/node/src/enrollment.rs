@@ -35,9 +35,10 @@ pub(crate) async fn enroll_members(node: Arc<Node>) {
         }
         let mut operations = Vec::new();
         if node.identity.suspended() {
-            // A restored cluster is a new one: a new name, and every member enrolled again.
+            // A restored cluster is a new one: a new name, and every member enrolled again. Only
+            // over the name applied here: another leader's rename may be in the log already.
             tracing::info!("naming the restored cluster anew");
-            operations.push(Operation::NameCluster { id: random_id(), anew: true });
+            operations.push(Operation::RenameCluster { id: random_id(), replaces: node.identity.cluster_id() });
         } else if node.identity.cluster_id().is_none() {
             operations.push(Operation::NameCluster { id: random_id(), anew: false });
         }

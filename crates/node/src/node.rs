@@ -146,9 +146,10 @@ impl Node {
         if config.restored {
             tracing::warn!(
                 incarnation = identity.incarnation,
+                backup_names = ?storage.backup_names,
                 "started on a restored backup: this storage is new, and the cluster will be named anew by its first leader"
             );
-            identity = identity.restored();
+            identity = identity.restored(storage.backup_names.clone());
         }
         let checks = PeerChecks { me: config.id, clocks: clocks.clone(), identity: Some(identity.clone()) };
         let peer_tls = match &config.tls {

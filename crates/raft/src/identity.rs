@@ -13,9 +13,13 @@
 //! A cluster restored from a backup copies one node's directory to every node, so its
 //! enrollments describe the old cluster: nodes started with `--restored` do not check them until
 //! the restored cluster's first leader names it anew, which forgets them; then every member is
-//! enrolled again.
+//! enrolled again. The old cluster's names are every name the backup holds: the applied one and
+//! any that its log gives above what was applied (a copy taken before its node applied the entry
+//! naming the cluster); applying one of those from the log does not end the wait. Once named
+//! anew, a node still takes messages from a member that claims one of those names if the new
+//! cluster has enrolled that member's new storage: it has not applied the new name yet.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -103,9 +107,9 @@ pub struct PeerIdentity {
     reader: StateReader,
     /// The incarnation each peer last showed, enrolled or not.
     seen: Arc<Mutex<BTreeMap<NodeId, String>>>,
-    /// Started on a restored backup: the cluster's name then. Until the cluster is named anew,
-    /// enrollments (the backup's) are not checked.
-    restored_from: Option<Option<String>>,
+    /// Started on a restored backup: every name the backup gives the cluster. Until the
+    /// cluster has another name, enrollments (the backup's) are not checked.
+    restored_from: Option<Arc<BTreeSet<String>>>,
 }
 
 /// What a peer's message said about it.
@@ -122,10 +126,11 @@ impl PeerIdentity {
         PeerIdentity { me, incarnation, reader, seen: Arc::default(), restored_from: None }
     }
 
-    /// This node starts on a backup restored into its data directory: enrollments are not
-    /// checked until the cluster, restored as a new one, is named anew ([`PeerIdentity::suspended`]).
-    pub fn restored(mut self) -> PeerIdentity {
-        self.restored_from = Some(self.cluster_id());
+    /// This node starts on a backup restored into its data directory, which names the cluster
+    /// `backup_names` (`NodeStorage::backup_names`): enrollments are not checked until the
+    /// cluster, restored as a new one, is named anew ([`PeerIdentity::suspended`]).
+    pub fn restored(mut self, backup_names: impl IntoIterator<Item = String>) -> PeerIdentity {
+        self.restored_from = Some(Arc::new(backup_names.into_iter().collect()));
         self
     }
 
@@ -136,7 +141,17 @@ impl PeerIdentity {
 
     /// Whether checks wait for the restored cluster's new name, the cluster being named `ours`.
     fn suspended_at(&self, ours: Option<&str>) -> bool {
-        self.restored_from.as_ref().is_some_and(|from| from.as_deref() == ours)
+        self.restored_from.as_ref().is_some_and(|old| ours.is_none_or(|ours| old.contains(ours)))
+    }
+
+    /// Whether a peer that says it belongs to cluster `theirs`, with storage `incarnation`, is a
+    /// member of this restored cluster that has not yet applied the cluster's new name: `theirs`
+    /// is a name the backup gives, and the new cluster has enrolled the peer's new storage
+    /// (which no node of the old cluster has). Until it has, such a peer would never learn the
+    /// new name: an appends stream to it is refused at its first answer.
+    fn renaming(&self, theirs: &str, incarnation: Option<&str>, enrolled: Option<&String>) -> bool {
+        self.restored_from.as_ref().is_some_and(|old| old.contains(theirs))
+            && incarnation.is_some_and(|incarnation| enrolled.is_some_and(|enrolled| enrolled == incarnation))
     }
 
     /// The cluster's name and every enrollment as applied here, if they can be read: one read
@@ -185,8 +200,9 @@ impl PeerIdentity {
         if self.suspended_at(ours) {
             return Ok(());
         }
+        let enrolled = records.as_ref().and_then(|records| records.enrollments.get(&peer));
         if let (Some(theirs), Some(ours)) = (claims.cluster, ours) {
-            if theirs != ours {
+            if theirs != ours && !self.renaming(theirs, claims.incarnation, enrolled) {
                 return Err(format!("node {peer} belongs to cluster {theirs}, node {} to cluster {ours}", self.me));
             }
         }
@@ -197,7 +213,7 @@ impl PeerIdentity {
             ));
         }
         let Some(incarnation) = claims.incarnation else { return Ok(()) };
-        match records.as_ref().and_then(|records| records.enrollments.get(&peer)) {
+        match enrolled {
             Some(enrolled) if enrolled != incarnation => Err(format!(
                 "node {peer}'s storage is incarnation {incarnation}, but {enrolled} is enrolled: its data directory was replaced, or another node uses its id; remove node {peer} and add it back as a new learner"
             )),

@@ -134,6 +134,10 @@ pub struct NodeStorage {
     pub reader: StateReader,
     /// The random id this data directory got when it was created ([`identity::incarnation`]).
     pub incarnation: String,
+    /// Opened as a restored backup: every cluster name the backup holds, the applied one and
+    /// any that an entry of its log not yet applied gives. They all name the old cluster
+    /// ([`identity::PeerIdentity::restored`]).
+    pub backup_names: Vec<String>,
 }
 
 /// Opens the storage in `data_dir` (RocksDB in `db/`, the latest snapshot in `snapshots/`).
@@ -195,8 +199,14 @@ pub fn open(
         identity: shared.identity.clone(),
         applied_on_disk: shared.applied_on_disk.clone(),
     };
+    let mut backup_names = Vec::new();
+    if restored {
+        backup_names.extend(reader.cluster_id().map_err(|e| state_error(e.to_string()))?);
+        let applied = state_store::applied_index(&db).map_err(|e| state_error(e.to_string()))?;
+        backup_names.extend(log.reader().cluster_names_after(applied).map_err(|e| state_error(e.to_string()))?);
+    }
     let state = StateStore::new(db, machine, snapshots, metrics, applied_requests, shared);
-    Ok(NodeStorage { log, state, reader, incarnation })
+    Ok(NodeStorage { log, state, reader, incarnation, backup_names })
 }
 
 /// Reads the node's applied state without going through Raft. Whether a read is linearizable is

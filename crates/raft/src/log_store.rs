@@ -15,10 +15,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
-use openraft::{AnyError, LogState, OptionalSend, RaftLogReader, StorageIOError};
+use openraft::{AnyError, EntryPayload, LogState, OptionalSend, RaftLogReader, StorageIOError};
 use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use statestore_statemachine::Operation;
 
 use crate::db::{cf, synced, AppliedOnDisk, LOG_CF, RAFT_META_CF};
 use crate::metrics::StorageMetrics;
@@ -137,6 +138,26 @@ impl LogReader {
     pub fn last_log_id(&self) -> Result<Option<LogId>, RaftStorageError> {
         let last_purged: Option<LogId> = self.meta(LAST_PURGED)?;
         Ok(self.last_entry_id()?.or(last_purged))
+    }
+
+    /// Every cluster name that an entry of this log after `index` gives (`NameCluster`,
+    /// `RenameCluster`), in log order.
+    pub(crate) fn cluster_names_after(&self, index: u64) -> Result<Vec<String>, RaftStorageError> {
+        let start = index_key(index.saturating_add(1));
+        let iter = self.db.iterator_cf(cf(&self.db, LOG_CF), IteratorMode::From(&start, Direction::Forward));
+        let mut names = Vec::new();
+        for item in iter {
+            let (key, value) = item.map_err(|e| StorageIOError::read_logs(&e))?;
+            let index = index_of(&key)?;
+            let entry: LogEntry = decode(&value).map_err(|e| StorageIOError::read_log_at_index(index, &e))?;
+            if let EntryPayload::Normal(proposal) = &entry.payload {
+                names.extend(proposal.entries.iter().filter_map(|entry| match &entry.operation {
+                    Operation::NameCluster { id, .. } | Operation::RenameCluster { id, .. } => Some(id.clone()),
+                    _ => None,
+                }));
+            }
+        }
+        Ok(names)
     }
 
     fn last_entry_id(&self) -> Result<Option<LogId>, RaftStorageError> {

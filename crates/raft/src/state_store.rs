@@ -144,7 +144,9 @@ impl RaftStateMachine<TypeConfig> for StateStore {
                     for entry in &proposal.entries {
                         match entry.operation {
                             Operation::Request(_) => has_requests = true,
-                            Operation::Enroll { .. } | Operation::NameCluster { .. } => identity_changed = true,
+                            Operation::Enroll { .. }
+                            | Operation::NameCluster { .. }
+                            | Operation::RenameCluster { .. } => identity_changed = true,
                             _ => {}
                         }
                     }
@@ -894,11 +896,23 @@ mod tests {
         assert_eq!(node.reader.cluster_id().unwrap().as_deref(), Some("second"));
         assert!(node.reader.enrollments().unwrap().is_empty(), "a cluster named anew forgets enrollments");
 
+        // A rename applies only over the name its proposer had: of two leaders' renames proposed
+        // before either was applied, the first stays.
+        let rename =
+            |id: &str, replaces: &str| Operation::RenameCluster { id: id.into(), replaces: Some(replaces.into()) };
+        node.state.apply([proposed(5, vec![enroll(2, "e")])]).await.unwrap();
+        node.state.apply([proposed(6, vec![rename("fourth", "second"), rename("other", "second")])]).await.unwrap();
+        assert_eq!(node.reader.cluster_id().unwrap().as_deref(), Some("fourth"));
+        assert!(node.reader.enrollments().unwrap().is_empty(), "a cluster renamed forgets enrollments");
+        node.state.apply([proposed(7, vec![enroll(2, "f"), rename("late", "second")])]).await.unwrap();
+        assert_eq!(node.reader.cluster_id().unwrap().as_deref(), Some("fourth"), "a stale rename is ignored");
+        assert_eq!(node.reader.enrolled(2).unwrap().as_deref(), Some("f"), "a stale rename forgets nothing");
+
         // A snapshot of another cluster replaces them.
         let source = tempfile::tempdir().unwrap();
         let mut from = open(source.path());
         let name = Operation::NameCluster { id: "third".into(), anew: false };
-        from.state.apply([proposed(5, vec![name, enroll(1, "d")])]).await.unwrap();
+        from.state.apply([proposed(8, vec![name, enroll(1, "d")])]).await.unwrap();
         let snapshot = from.state.get_snapshot_builder().await.build_snapshot().await.unwrap();
         let (_, data) = from.state.snapshots.current().unwrap().unwrap();
         let mut file = node.state.begin_receiving_snapshot().await.unwrap();

@@ -39,6 +39,7 @@ impl Entry {
                 Operation::ConfirmNotifications { .. } => 0,
                 Operation::Enroll { incarnation, .. } => incarnation.as_ref().map_or(0, String::len),
                 Operation::NameCluster { id, .. } => id.len(),
+                Operation::RenameCluster { id, replaces } => id.len() + replaces.as_ref().map_or(0, String::len),
                 Operation::Restore { keys, .. } => keys.iter().map(|k| k.key.len() + k.value.len() + 64).sum(),
             }
     }
@@ -64,12 +65,18 @@ pub enum Operation {
     /// when it was created); `None` forgets it. Without `replace` a recorded one stays.
     Enroll { node: u64, incarnation: Option<String>, replace: bool },
     /// Names the cluster once; a later name is ignored, unless `anew`: then the cluster takes
-    /// this name and forgets every enrollment (a cluster restored from a backup is a new one).
+    /// this name and forgets every enrollment. Leaders propose [`Operation::RenameCluster`] for
+    /// a restored cluster now; `anew` stays for logs written before it.
     NameCluster { id: String, anew: bool },
     /// Loads keys from a backup (`statestore-cli snapshot restore`) as they were: value, version,
     /// fencing token and deadline. The `first` chunk is refused unless the store holds no key;
     /// versions issued afterwards are newer than every restored one.
     Restore { first: bool, keys: Vec<statestore_protocol::backup::BackupKey> },
+    /// Names a cluster restored from a backup anew (it is a new cluster) and forgets every
+    /// enrollment, if its name is still `replaces`, the one its proposer had applied; otherwise
+    /// ignored. So when two leaders in turn propose a name before either is applied, the first
+    /// applied stays, and every node ends with the same one.
+    RenameCluster { id: String, replaces: Option<String> },
 }
 
 /// A client request with the envelope facts apply needs.

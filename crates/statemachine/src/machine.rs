@@ -131,6 +131,9 @@ impl StateMachine {
                 Reply::new(Response::Int(i64::from(meta::name_cluster(apply.txn, id, *anew)?)), None)
             }
             Operation::Restore { first, keys } => apply.restore(*first, keys)?,
+            Operation::RenameCluster { id, replaces } => {
+                Reply::new(Response::Int(i64::from(meta::rename_cluster(apply.txn, id, replaces.as_deref())?)), None)
+            }
         };
         Ok(Applied { reply, notifications: apply.notifications, deduplicated: false })
     }

@@ -175,6 +175,15 @@ pub(crate) fn name_cluster(txn: &mut impl Txn, id: &str, anew: bool) -> Result<b
     Ok(true)
 }
 
+/// Renames the cluster `id` and forgets every enrollment if its name is `replaces`; whether it
+/// did.
+pub(crate) fn rename_cluster(txn: &mut impl Txn, id: &str, replaces: Option<&str>) -> Result<bool, StorageError> {
+    if cluster_id(txn)?.as_deref() != replaces {
+        return Ok(false);
+    }
+    name_cluster(txn, id, true)
+}
+
 fn incarnation_key(node: u64) -> Vec<u8> {
     [INCARNATION_OF, &node.to_be_bytes()[..]].concat()
 }

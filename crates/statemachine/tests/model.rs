@@ -260,7 +260,10 @@ impl Model {
                 self.watchers.retain(|(_, c)| c != client_id);
                 Reply::new(Response::Int((before - self.watchers.len()) as i64), None)
             }
-            Operation::Enroll { .. } | Operation::NameCluster { .. } | Operation::Restore { .. } => {
+            Operation::Enroll { .. }
+            | Operation::NameCluster { .. }
+            | Operation::RenameCluster { .. }
+            | Operation::Restore { .. } => {
                 unreachable!("not generated")
             }
             Operation::ConfirmNotifications { through } => {
