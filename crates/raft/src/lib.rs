@@ -168,7 +168,8 @@ pub fn open(
     state_store::resume_install(&db, &snapshots).map_err(|e| snapshot_error(e.to_string()))?;
     let state_error = |detail: String| OpenError::State { path: db_path.display().to_string(), detail };
     // What a database holds when it opens is on disk (the WAL it recovered from included).
-    shared.applied_on_disk.reached(state_store::applied_index(&db).map_err(|e| state_error(e.to_string()))?);
+    let applied = state_store::applied_index(&db).map_err(|e| state_error(e.to_string()))?;
+    shared.applied_on_disk.reached(applied);
     let clock =
         statestore_statemachine::meta::clock(&db::Tables { db: &db }).map_err(|e| state_error(e.to_string()))?;
     shared.dedup_horizon.advance(clock);
@@ -202,7 +203,6 @@ pub fn open(
     let mut backup_names = Vec::new();
     if restored {
         backup_names.extend(reader.cluster_id().map_err(|e| state_error(e.to_string()))?);
-        let applied = state_store::applied_index(&db).map_err(|e| state_error(e.to_string()))?;
         backup_names.extend(log.reader().cluster_names_after(applied).map_err(|e| state_error(e.to_string()))?);
     }
     let state = StateStore::new(db, machine, snapshots, metrics, applied_requests, shared);
