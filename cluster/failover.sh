@@ -8,6 +8,8 @@
 #    node leads and a write succeeds, `docker start` the killed node, wait until it is ready and
 #    has applied what the leader had committed. The write gap of a round is the first successful
 #    write completed after the kill minus the last one completed before it.
+#    Then STOPS rounds (default 2) the same with `docker stop` (SIGTERM): the leader hands its
+#    leadership over before it stops.
 # 2. Partitions: `docker network disconnect` a follower, then the leader, for PARTITION_SECS
 #    (default 5), recording what the partitioned node reports (role, term, leader, readiness), and
 #    connect it again under its service name. The others must keep serving writes, a partitioned
@@ -37,6 +39,7 @@ export STATESTORE_HTTP_PORT_2="${STATESTORE_HTTP_PORT_2:-27402}"
 export STATESTORE_HTTP_PORT_3="${STATESTORE_HTTP_PORT_3:-27403}"
 export STATESTORE_LOG="${STATESTORE_LOG:-warn,statestore=debug}"
 kills="${KILLS:-10}"
+stops="${STOPS:-2}"
 max_gap_ms="${MAX_GAP_MS:-5000}"
 catch_up_secs="${CATCH_UP_SECS:-60}"
 partition_secs="${PARTITION_SECS:-5}"
@@ -303,36 +306,44 @@ echo "   all three nodes ready after $(seconds $(($(now_ms) - start_ms))) s; net
 
 # --- kill rounds -------------------------------------------------------------------------------
 
-gaps=()
-for round in $(seq 1 "$kills"); do
-  file="$work/round-$round.load"
-  ensure_serving "round $round"
+# One round: under load, takes the leader down with `docker $2` (kill: SIGKILL; stop: SIGTERM,
+# after which a leader hands its leadership over), waits until another node serves writes,
+# starts the node again and waits until it has caught up. $3 of $4 rounds; sets gap.
+leader_round() {
+  local verb="$1" round="$2" name="$1 round $2/$3" file="$work/$1-$2.load" leader down_ms new_leader serving_ms restart_ms catch_up_ms
+  gap=-1
+  ensure_serving "$name"
   start_load "$file" "$round_secs"
   sleep 2
-  leader="$(wait_leader)" || { fail "round $round: no leader for 10 s before the kill"; finish_load "$file"; continue; }
-  docker kill "${node_cid[$leader]}" >/dev/null
-  kill_ms="$(now_ms)"
+  leader="$(wait_leader)" || { fail "$name: no leader for 10 s before the $verb"; finish_load "$file"; return 0; }
+  down_ms="$(now_ms)"
+  docker "$verb" "${node_cid[$leader]}" >/dev/null
   mapfile -t survivors < <(printf '%s\n' 1 2 3 | grep -vx "$leader")
   if new_leader="$(wait_serving "${survivors[@]}")"; then
-    serving_ms=$(($(now_ms) - kill_ms))
+    serving_ms=$(($(now_ms) - down_ms))
   else
-    fail "round $round: no new leader serving writes within 30 s of killing node$leader"
+    fail "$name: no new leader serving writes within 30 s of the $verb of node$leader"
     new_leader="-"
     serving_ms=-1
   fi
   docker start "${node_cid[$leader]}" >/dev/null
   restart_ms="$(now_ms)"
   if ! catch_up_ms="$(wait_caught_up "$leader" "$restart_ms")"; then
-    fail "round $round: node$leader did not catch up within $catch_up_secs s of its restart"
+    fail "$name: node$leader did not catch up within $catch_up_secs s of its restart"
     catch_up_ms=-1
   fi
   finish_load "$file"
-  measure_gap "$file" "$kill_ms" "round $round"
-  ((gap < 0)) || gaps+=("$gap")
-  echo "round $round/$kills: killed leader node$leader; node$new_leader serving after ${serving_ms} ms;" \
+  measure_gap "$file" "$down_ms" "$name"
+  echo "$name: docker $verb of leader node$leader; node$new_leader serving after ${serving_ms} ms;" \
     "node$leader caught up ${catch_up_ms} ms after its restart; write gap ${gap} ms ($failed of $total writes failed)"
-  echo "drill: kill round=$round killed=$leader kill_ms=$kill_ms new_leader=$new_leader serving_ms=$serving_ms" \
+  echo "drill: $verb round=$round node=$leader at_ms=$down_ms new_leader=$new_leader serving_ms=$serving_ms" \
     "catch_up_ms=$catch_up_ms gap_ms=$gap failed_writes=$failed writes=$total"
+}
+
+gaps=()
+for round in $(seq 1 "$kills"); do
+  leader_round kill "$round" "$kills"
+  ((gap < 0)) || gaps+=("$gap")
 done
 
 if ((${#gaps[@]})); then
@@ -341,6 +352,14 @@ if ((${#gaps[@]})); then
   echo "kill rounds: write gaps (ms) ${gaps[*]}; median $median, worst $worst"
   echo "drill: kills=${#gaps[@]} gap_median_ms=$median gap_worst_ms=$worst"
 fi
+
+# --- a graceful stop of the leader ------------------------------------------------------------
+
+# SIGTERM (`docker stop`): the leader hands its leadership over before it stops, so the gap is a
+# round trip or two rather than the lease and election timeout of a kill.
+for round in $(seq 1 "$stops"); do
+  leader_round stop "$round" "$stops"
+done
 
 # --- partitions --------------------------------------------------------------------------------
 

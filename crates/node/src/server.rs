@@ -23,9 +23,10 @@ pub struct RunningNode {
 }
 
 impl RunningNode {
-    /// Stops accepting requests, lets the ones in flight finish (for at most [`HTTP_DRAIN`]),
-    /// then stops Raft.
+    /// Hands leadership over if it leads ([`Node::hand_over_leadership`]), stops accepting
+    /// requests, lets the ones in flight finish (for at most [`HTTP_DRAIN`]), then stops Raft.
     pub async fn stop(self) -> anyhow::Result<()> {
+        self.node.hand_over_leadership().await;
         if let Some(front_end) = &self.front_end {
             front_end.stop().await;
         }

@@ -13,7 +13,10 @@ use azure_iot_operations_protocol::common::hybrid_logical_clock::HybridLogicalCl
 use azure_iot_operations_services::state_store::{Operation, SetOptions};
 use common::broker::Broker;
 use common::sdk::{unique_client_id, SdkSession};
-use common::Cluster;
+use common::{metric, Cluster};
+use statestore_raft::election::{StandRequest, StandResponse, STAND_PATH};
+use statestore_raft::types::Vote;
+use statestore_raft::wire::{decode, encode};
 
 const WRITERS: usize = 4;
 /// Each call's timeout: short, so a call that the dead leader swallowed fails fast and the
@@ -165,4 +168,110 @@ async fn sdk_clients_ride_through_a_leader_kill_and_restart() {
     checker.close().await;
     drop(observer_store);
     observer.close().await;
+}
+
+/// A leader stopped with SIGTERM (a rolling restart, `docker compose stop`) hands leadership to
+/// a follower whose log matches its own: that follower stands at once, without the pre-vote it
+/// would hold after the leader's lease, and every SDK call made meanwhile succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_stopped_with_sigterm_hands_leadership_over() {
+    let broker = Broker::start();
+    let mut cluster = Cluster::start(3, &["--broker", &broker.address()]).await;
+    cluster.wait_ready().await;
+
+    let calls = Arc::new(Mutex::new(Vec::<(Instant, Instant, bool)>::new()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut sessions = Vec::new();
+    let mut writers = Vec::new();
+    for writer in 0..2 {
+        let session = SdkSession::connect(broker.port, &unique_client_id(&format!("writer{writer}"))).await;
+        let store = session.state_store();
+        sessions.push(session);
+        let (calls, stop) = (calls.clone(), stop.clone());
+        writers.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                let started = Instant::now();
+                let key = format!("w{writer}-{n}").into_bytes();
+                let set = store.set(key, b"v".to_vec(), CALL_TIMEOUT, None, SetOptions::default()).await;
+                let ok = matches!(&set, Ok(r) if r.response && r.version.is_some());
+                calls.lock().unwrap().push((started, Instant::now(), ok));
+            }
+        }));
+    }
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leader = cluster.wait_leader().await;
+    let elections = |text: &str, reason: &str| {
+        metric(text, &format!("statestore_elections_started_total{{reason=\"{reason}\"}}")).unwrap_or(0.0)
+    };
+    let mut before = BTreeMap::new();
+    for id in cluster.running().into_iter().filter(|id| *id != leader) {
+        let text = cluster.metrics(id).await;
+        before.insert(id, (elections(&text, "handover"), elections(&text, "prevote")));
+    }
+    // A request to stand that does not come from the leadership a voter follows is refused.
+    let follower = before.keys().copied().next().unwrap();
+    let stale = StandRequest { vote: Vote::new_committed(1_000, leader), last_log_id: None };
+    let answer = cluster
+        .http
+        .post(format!("{}{STAND_PATH}", cluster.url(follower)))
+        .body(encode(&stale).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert!(answer.status().is_success(), "{}", answer.status());
+    let answer: StandResponse = decode(&answer.bytes().await.unwrap()).unwrap();
+    assert!(
+        matches!(&answer, StandResponse::Refused(why) if why.contains("not the leadership")),
+        "node {follower} refuses to stand for a leadership it does not follow: {answer:?}"
+    );
+
+    let stopped_at = Instant::now();
+    let status = cluster.terminate(leader);
+    let stopped_in = stopped_at.elapsed();
+    assert!(status.success(), "the leader stopped cleanly: {status:?}\n{}", cluster.logs());
+    let successor = cluster.wait_leader().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+
+    let log = std::fs::read_to_string(&cluster.nodes[&leader].log).unwrap();
+    assert!(
+        log.contains(&format!("handed leadership over to node {successor}")),
+        "the stopping leader handed over to node {successor}:\n{log}"
+    );
+    let text = cluster.metrics(successor).await;
+    let (handovers, prevotes) = before[&successor];
+    assert_eq!(
+        elections(&text, "handover"),
+        handovers + 1.0,
+        "node {successor} stood at the leader's request\n{}",
+        cluster.logs()
+    );
+    assert_eq!(elections(&text, "prevote"), prevotes, "node {successor} did not wait out a lease for a pre-vote");
+
+    let calls = calls.lock().unwrap().clone();
+    let failed = calls.iter().filter(|(_, _, ok)| !ok).count();
+    assert_eq!(
+        failed,
+        0,
+        "every call succeeded across the stop ({failed} of {} failed)\n{}",
+        calls.len(),
+        cluster.logs()
+    );
+    // The longest time without an answer from the stop on, for the record.
+    let mut answered: Vec<Instant> =
+        calls.iter().map(|(_, done, _)| *done).filter(|done| *done >= stopped_at).collect();
+    answered.sort();
+    let gap = answered.windows(2).map(|pair| pair[1] - pair[0]).max().unwrap_or_default();
+    let first = answered.first().map(|at| *at - stopped_at);
+    eprintln!("the leader stopped in {stopped_in:?}; first answer {first:?} after the SIGTERM, longest gap {gap:?}");
+    assert!(answered.len() > 10, "writes went on after the stop: {}", answered.len());
+    for session in sessions {
+        session.close().await;
+    }
 }

@@ -21,6 +21,17 @@
 //! A candidate whose clock disagrees with most voters' clocks as the pre-vote's answers show them
 //! (beyond the bound of [`crate::clocks::PeerClocks`]) does not stand either.
 //!
+//! A leader told to stop hands its leadership over first ([`Elector::hand_over`]): once a voter's
+//! log matches its own, everything in it applied, it asks that voter to stand at once
+//! (`POST /raft/stand`). The voter does if it still follows that leader under the same vote and
+//! its log holds the leader's last entry; it skips the pre-vote, as the leader's vote is the one
+//! it needs. The leader grants it (its own vote was last renewed when it was elected, so
+//! openraft's lease no longer holds it back), which with the candidate's own vote is a quorum of
+//! three voters: the cluster has a new leader within a round trip or two, not after a lease and
+//! an election timeout. The other voters still hear the old leader's lease and refuse; they
+//! follow the new leader at its first append. Where the two votes are not a quorum (five voters
+//! or more), or anything fails, the cluster elects a leader as after any leader loss.
+//!
 //! A node may also be told it must not lead ([`Elector::may_lead`]), e.g. while it cannot reach
 //! the broker its clients talk through: it then does not stand, and while it still leads it
 //! grants pre-votes to candidates whose log is as up to date as its own, so that a node that can
@@ -52,6 +63,8 @@ pub const LAST_RESORT_LEASES: u32 = 10;
 
 /// Where a node answers pre-votes.
 pub const PREVOTE_PATH: &str = "/raft/prevote";
+/// Where a leader that is handing over asks a voter to stand ([`StandRequest`]).
+pub const STAND_PATH: &str = "/raft/stand";
 
 /// "Would you vote for me now?"
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -65,6 +78,24 @@ pub struct PreVoteRequest {
 pub enum PreVoteResponse {
     Granted,
     /// Why not, for the candidate's log.
+    Refused(String),
+}
+
+/// "I am stopping: stand now." From a leader to a voter whose log matches its own.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StandRequest {
+    /// The leader's vote: the voter stands only if it follows this very leadership.
+    pub vote: Vote,
+    /// The leader's last log id: the voter stands only if its log holds it.
+    pub last_log_id: Option<LogId>,
+}
+
+/// The answer to a [`StandRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StandResponse {
+    /// The voter has asked for votes.
+    Standing,
+    /// Why not.
     Refused(String),
 }
 
@@ -91,10 +122,11 @@ pub struct Elector {
     metrics: ElectionMetrics,
 }
 
-/// Pre-votes this node asked for, by outcome, and the elections it started.
+/// Pre-votes this node asked for, by outcome, and the elections it started, by why.
 #[derive(Clone)]
 struct ElectionMetrics {
     prevotes: IntCounterVec,
+    elections: IntCounterVec,
 }
 
 impl ElectionMetrics {
@@ -107,7 +139,15 @@ impl ElectionMetrics {
             &["outcome"],
         )?;
         registry.register(Box::new(prevotes.clone()))?;
-        Ok(ElectionMetrics { prevotes })
+        let elections = IntCounterVec::new(
+            Opts::new(
+                "statestore_elections_started_total",
+                "Elections this node started, by why: prevote (it won one) or handover (its leader, stopping, asked it to)",
+            ),
+            &["reason"],
+        )?;
+        registry.register(Box::new(elections.clone()))?;
+        Ok(ElectionMetrics { prevotes, elections })
     }
 }
 
@@ -318,8 +358,128 @@ impl Elector {
                     "no leader for {LAST_RESORT_LEASES} leases: standing for election though this node may not lead"
                 );
             }
+            self.metrics.elections.with_label_values(&["prevote"]).inc();
             if self.raft.trigger().elect().await.is_err() {
                 return;
+            }
+        }
+    }
+
+    /// Answers a stopping leader's [`StandRequest`]: stands at once where this node follows
+    /// that leadership, may lead, is a voter and its log holds the leader's last entry.
+    pub async fn answer_stand(&self, request: &StandRequest) -> StandResponse {
+        let standing = match tokio::time::timeout(self.lease, self.standing()).await {
+            Ok(Some(standing)) => standing,
+            Ok(None) => return StandResponse::Refused("Raft has stopped on this node".into()),
+            Err(_) => return StandResponse::Refused(format!("node {} is too busy to answer", self.id)),
+        };
+        let refuse = |why: String| {
+            tracing::info!(why, "not standing at the leader's request");
+            StandResponse::Refused(why)
+        };
+        if standing.leading || standing.vote != request.vote || !request.vote.is_committed() {
+            return refuse(format!("node {} follows {}, not the leadership {}", self.id, standing.vote, request.vote));
+        }
+        if !self.allowed_to_lead() {
+            return refuse(format!("node {} may not lead now", self.id));
+        }
+        let (configs, _) = self.voters();
+        if !configs.iter().any(|config| config.contains(&self.id)) {
+            return refuse(format!("node {} is not a voter", self.id));
+        }
+        match self.log.last_log_id() {
+            Err(e) => return refuse(format!("node {} cannot read its log: {e}", self.id)),
+            Ok(ours) if ours < request.last_log_id => {
+                return refuse(format!(
+                    "node {}'s log ends at {ours:?}, before the leader's {:?}",
+                    self.id, request.last_log_id
+                ))
+            }
+            Ok(_) => {}
+        }
+        tracing::info!(leader = %request.vote, "the leader is stopping and asked this node to stand; standing for election");
+        self.metrics.elections.with_label_values(&["handover"]).inc();
+        match self.raft.trigger().elect().await {
+            Ok(()) => StandResponse::Standing,
+            Err(e) => StandResponse::Refused(format!("node {}: {e}", self.id)),
+        }
+    }
+
+    /// Hands this node's leadership to a voter whose log matches its own, then waits until
+    /// this node no longer leads: the new leader's id, or why not within `deadline`. The caller
+    /// has stopped new proposals and forbidden this node to lead ([`Elector::may_lead`]);
+    /// entries already proposed are waited for (their answers go out from here).
+    pub async fn hand_over(&self, deadline: Duration) -> Result<NodeId, String> {
+        let until = Instant::now() + deadline;
+        let mut metrics = self.raft.metrics();
+        let mut asked: Option<NodeId> = None;
+        // Voters asked that refused or did not answer: each is asked once.
+        let mut tried = BTreeSet::new();
+        loop {
+            let (state, vote, last_index, applied, replication, leader) = {
+                let m = metrics.borrow_and_update();
+                (
+                    m.state,
+                    m.vote,
+                    m.last_log_index,
+                    m.last_applied.map(|applied| applied.index),
+                    m.replication.clone().unwrap_or_default(),
+                    m.current_leader,
+                )
+            };
+            match leader {
+                Some(leader) if leader != self.id => return Ok(leader),
+                // It granted a candidate its vote and awaits the new leader's first append.
+                _ if state != ServerState::Leader && asked.is_some() => {}
+                _ if state != ServerState::Leader => {
+                    return Err("this node no longer leads, and no leader is known".into())
+                }
+                _ => {}
+            }
+            if asked.is_none() && state == ServerState::Leader {
+                let (configs, nodes) = self.voters();
+                let pairs_quorum = |id: NodeId| has_quorum(&configs, &BTreeSet::from([self.id, id]));
+                if !replication.keys().any(|id| *id != self.id && pairs_quorum(*id)) {
+                    return Err("no other voter's vote with this node's makes a quorum".into());
+                }
+                if !replication.keys().any(|id| *id != self.id && pairs_quorum(*id) && !tried.contains(id)) {
+                    return Err(format!("no voter would stand: asked {tried:?}"));
+                }
+                let last = self.log.last_log_id().map_err(|e| format!("reading the log: {e}"))?;
+                // Every entry proposed here is applied (its answer given), and a voter's log
+                // ends where this node's does, that voter's vote and this node's a quorum.
+                let settled = last.map(|id| id.index) == last_index && applied == last_index;
+                let successor = replication.iter().find(|(id, matched)| {
+                    **id != self.id && **matched == last && pairs_quorum(**id) && !tried.contains(*id)
+                });
+                if let (true, Some((&id, _)), Some(node)) =
+                    (settled, successor, successor.and_then(|(id, _)| nodes.get(id)))
+                {
+                    let request = StandRequest { vote, last_log_id: last };
+                    let timeout = self.tick.max(Duration::from_millis(100));
+                    match self.network.ask_to_stand(id, node, &request, timeout).await {
+                        Ok(StandResponse::Standing) => asked = Some(id),
+                        Ok(StandResponse::Refused(why)) => {
+                            tracing::info!(peer = id, why, "a voter would not stand");
+                            tried.insert(id);
+                        }
+                        Err(e) => {
+                            tracing::info!(peer = id, error = %e, "a voter did not answer the request to stand");
+                            tried.insert(id);
+                        }
+                    }
+                    continue;
+                }
+            }
+            let wait = until.saturating_duration_since(Instant::now());
+            if wait.is_zero() {
+                return Err(match asked {
+                    None => format!("no voter's log matched this node's within {deadline:?}"),
+                    Some(id) => format!("node {id} stood, but no new leader was known within {deadline:?}"),
+                });
+            }
+            if let Ok(Err(_)) = tokio::time::timeout(wait.min(self.tick), metrics.changed()).await {
+                return Err("Raft has stopped".into());
             }
         }
     }

@@ -2,7 +2,8 @@
 //! ([`crate::append_stream`]), or, to a peer without those, as HTTP POSTs to `/raft/append`;
 //! votes and snapshots are one HTTP POST each to `/raft/vote` or `/raft/snapshot`. Bodies and
 //! frames are bincode, answers a bincode `Result<response, RaftError>`; the
-//! [`election`](crate::election) pre-votes go to `/raft/prevote`.
+//! [`election`](crate::election) pre-votes go to `/raft/prevote`, a stopping leader's request
+//! that a voter stand to `/raft/stand`.
 //!
 //! A peer that refuses the connection is `Unreachable`, so openraft backs off instead of
 //! retrying at once. A peer that does not answer within the RPC's deadline is a `Timeout`: it
@@ -37,7 +38,7 @@ use crate::append_stream::{
     read_frame, write_frame, AnswerFrame, AppendFrame, Stamp, APPEND_STREAM_PATH, MAX_ANSWER_BYTES, UPGRADE_PROTOCOL,
 };
 use crate::clocks::{wall_clock_ms, PeerClocks, CLOCK_HEADER, FROM_HEADER};
-use crate::election::{PreVoteRequest, PreVoteResponse, PREVOTE_PATH};
+use crate::election::{PreVoteRequest, PreVoteResponse, StandRequest, StandResponse, PREVOTE_PATH, STAND_PATH};
 use crate::identity::{Claims, PeerIdentity, CLUSTER_HEADER, EXPECTED_HEADER, INCARNATION_HEADER};
 use crate::peer_health::PeerHealth;
 use crate::types::{Node, NodeId, TypeConfig};
@@ -196,8 +197,32 @@ impl NetworkFactory {
         request: &PreVoteRequest,
         timeout: Duration,
     ) -> Result<PreVoteResponse, String> {
+        self.ask(target, node, PREVOTE_PATH, request, timeout).await
+    }
+
+    /// Asks `target` to stand for election at once (this node leads and is stopping); an error
+    /// says why it did not answer in `timeout`.
+    pub async fn ask_to_stand(
+        &self,
+        target: NodeId,
+        node: &Node,
+        request: &StandRequest,
+        timeout: Duration,
+    ) -> Result<StandResponse, String> {
+        self.ask(target, node, STAND_PATH, request, timeout).await
+    }
+
+    /// One request of the elector's to `target` at `path`, its answer noted in the peers' health.
+    async fn ask<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        target: NodeId,
+        node: &Node,
+        path: &str,
+        request: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, String> {
         let address = self.address(target, node);
-        let answer = self.ask_prevote(&address, target, request, timeout).await;
+        let answer = self.post(&address, target, path, request, timeout).await;
         match &answer {
             Ok(_) => self.health.answered(target, &address),
             Err(e) => self.health.failed(target, &address, e),
@@ -205,15 +230,16 @@ impl NetworkFactory {
         answer
     }
 
-    async fn ask_prevote(
+    async fn post<Req: Serialize, Resp: DeserializeOwned>(
         &self,
         address: &str,
         target: NodeId,
-        request: &PreVoteRequest,
+        path: &str,
+        request: &Req,
         timeout: Duration,
-    ) -> Result<PreVoteResponse, String> {
+    ) -> Result<Resp, String> {
         let body = encode(request).map_err(|e| format!("encoding the request: {e}"))?;
-        let post = self.client.post(format!("{address}{PREVOTE_PATH}"));
+        let post = self.client.post(format!("{address}{path}"));
         let response = stamp(post, &self.checks, target)
             .header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE)
             .timeout(timeout)
@@ -225,9 +251,9 @@ impl NetworkFactory {
         let status = response.status();
         let bytes = response.bytes().await.map_err(|e| e.to_string())?;
         if !status.is_success() {
-            return Err(format!("{PREVOTE_PATH} answered {status}: {}", String::from_utf8_lossy(&bytes)));
+            return Err(format!("{path} answered {status}: {}", String::from_utf8_lossy(&bytes)));
         }
-        decode(&bytes).map_err(|e| format!("decoding the answer of {PREVOTE_PATH}: {e}"))
+        decode(&bytes).map_err(|e| format!("decoding the answer of {path}: {e}"))
     }
 }
 

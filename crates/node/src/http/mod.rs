@@ -3,7 +3,7 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `POST /raft/append`, `/raft/vote`, `/raft/snapshot`, `/raft/prevote` | Raft RPC, bincode bodies ([`raft_rpc`]) |
+//! | `POST /raft/append`, `/raft/vote`, `/raft/snapshot`, `/raft/prevote`, `/raft/stand` | Raft RPC, bincode bodies ([`raft_rpc`]) |
 //! | `GET /raft/append/stream` | a leader's appends to this node over one upgraded connection ([`raft_rpc::append_stream`]) |
 //! | `GET /cluster`, `POST /cluster/learners`, `POST /cluster/members` | membership, JSON ([`cluster`]); a follower forwards changes to the leader ([`forward`]) |
 //! | `GET /health`, `GET /ready`, `GET /metrics` | liveness, readiness, Prometheus ([`cluster`]) |
@@ -51,6 +51,7 @@ pub fn router(node: Arc<Node>, client_certificates: bool) -> Router {
         .route(statestore_raft::network::VOTE_PATH, post(raft_rpc::vote))
         .route(statestore_raft::network::SNAPSHOT_PATH, post(raft_rpc::snapshot))
         .route(statestore_raft::election::PREVOTE_PATH, post(raft_rpc::prevote))
+        .route(statestore_raft::election::STAND_PATH, post(raft_rpc::stand))
         .layer(DefaultBodyLimit::max(RAFT_BODY_LIMIT))
         .route_layer(middleware::from_fn_with_state(node.clone(), raft_rpc::check_peer));
     let command = Router::new()

@@ -121,6 +121,19 @@ pub async fn prevote(State(node): State<Arc<Node>>, body: Bytes) -> Response {
     .await
 }
 
+/// A stopping leader asks this node to stand for election at once
+/// ([`statestore_raft::election::Elector::answer_stand`]).
+pub async fn stand(State(node): State<Arc<Node>>, body: Bytes) -> Response {
+    rpc(body, |request| async move {
+        // On its own task, as a pre-vote's answer: the election must not be cut off midway.
+        let elector = node.elector.clone();
+        tokio::spawn(async move { elector.answer_stand(&request).await })
+            .await
+            .unwrap_or_else(|e| statestore_raft::election::StandResponse::Refused(format!("the answer failed: {e}")))
+    })
+    .await
+}
+
 /// Opens an appends stream ([`statestore_raft::append_stream`]): answers `101 Switching
 /// Protocols` and serves the connection's frames on a task of its own. The request has passed
 /// the checks of every Raft request by then.
