@@ -31,22 +31,19 @@ fn main() -> anyhow::Result<()> {
     // The node runs as a task on the workers, not on this thread: a future driven by `block_on`
     // is woken through a futex, and the node's watchers of Raft's metrics are woken on every
     // change of them, thousands of times a second under load.
+    let data_dir = config.data_dir.clone();
     let node = runtime.spawn(serve(config));
-    match runtime.block_on(node) {
+    let result = match runtime.block_on(node) {
         Ok(result) => result,
         Err(stopped) if stopped.is_panic() => std::panic::resume_unwind(stopped.into_panic()),
         Err(stopped) => Err(stopped).context("the node's task was cancelled"),
-    }
-}
-
-async fn serve(config: NodeConfig) -> anyhow::Result<()> {
-    let filter = EnvFilter::try_new(&config.log).unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
-    statestore_node::logs::init(filter, config.log_json);
-    let data_dir = config.data_dir.clone();
-    let result = server::run(config, server::signal()).await;
+    };
+    // The tasks that still hold the storage end with the runtime, so RocksDB closes and joins its
+    // background threads before the process exits: exiting with them still running let them lock
+    // a mutex the exit had already destroyed (an abort instead of the exit code below).
+    runtime.shutdown_timeout(RUNTIME_STOP);
     if let Err(e) = &result {
         if server::is_damaged_storage(e) {
-            tracing::error!(error = format!("{e:#}"), "damaged storage");
             eprintln!(
                 "statestore: the storage in {} is damaged: {e:#}\n\
                  The node will not run on it. Move the data directory aside and add the node back as a \
@@ -54,6 +51,21 @@ async fn serve(config: NodeConfig) -> anyhow::Result<()> {
                 data_dir.display()
             );
             std::process::exit(EXIT_DAMAGED_STORAGE);
+        }
+    }
+    result
+}
+
+/// How long the runtime's remaining tasks get to end once the node has stopped.
+const RUNTIME_STOP: std::time::Duration = std::time::Duration::from_secs(5);
+
+async fn serve(config: NodeConfig) -> anyhow::Result<()> {
+    let filter = EnvFilter::try_new(&config.log).unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
+    statestore_node::logs::init(filter, config.log_json);
+    let result = server::run(config, server::signal()).await;
+    if let Err(e) = &result {
+        if server::is_damaged_storage(e) {
+            tracing::error!(error = format!("{e:#}"), "damaged storage");
         }
     }
     result
