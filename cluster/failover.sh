@@ -242,18 +242,23 @@ finish_load() {
   [[ -s "$file" ]] || fail "the load generator wrote nothing to $file"
 }
 
-# "<gap_ms> <failed_writes> <writes> <last_result>" for a disruption at at_ms: the first
-# successful write completed after it minus the last one completed at or before it.
+# "<gap_ms> <failed_writes> <writes> <last_result>" for a disruption from $2 to $3 (ms: before
+# the command that caused it and once it returned): the longest time without a successful write
+# from the last one completed at or before $2 to the first one completed after $3.
 gap_around() {
-  awk -v at="$2" '
-    $3 == "ok" && $2 <= at && $2 > before { before = $2 }
-    $3 == "ok" && $2 > at && (after == "" || $2 < after) { after = $2 }
+  sort -n -k2,2 "$1" | awk -v from="$2" -v to="$3" '
     $3 != "ok" { failed++ }
-    $2 >= last_done { last_done = $2; last = $3 }
+    { if ($2 >= last_done) { last_done = $2; last = $3 } }
+    $3 == "ok" && $2 <= from { before = $2; next }
+    $3 == "ok" && before != "" && !done {
+      if ($2 - before > gap) gap = $2 - before
+      before = $2
+      if ($2 > to) { done = 1 }
+    }
     END {
-      gap = (before == "" || after == "") ? -1 : after - before
+      if (!done) gap = -1
       printf "%d %d %d %s\n", gap, failed, NR, (NR ? last : "none")
-    }' "$1"
+    }'
 }
 
 # The longest time between two consecutive successful writes in a load file.
@@ -262,10 +267,10 @@ longest_gap() {
     awk 'NR > 1 && $1 - prev > longest { longest = $1 - prev } { prev = $1 } END { print longest + 0 }'
 }
 
-# Sets gap, failed and total for one load file's disruption at $2, and checks them.
+# Sets gap, failed and total for one load file's disruption from $2 to $3, and checks them.
 measure_gap() {
-  local file="$1" at="$2" what="$3" last
-  read -r gap failed total last < <(gap_around "$file" "$at")
+  local file="$1" from="$2" to="$3" what="$4" last
+  read -r gap failed total last < <(gap_around "$file" "$from" "$to")
   if ((gap < 0)); then
     fail "$what: no write succeeded on one side of the disruption ($failed of $total writes failed)"
   elif ((gap > max_gap_ms)); then
@@ -310,7 +315,7 @@ echo "   all three nodes ready after $(seconds $(($(now_ms) - start_ms))) s; net
 # after which a leader hands its leadership over), waits until another node serves writes,
 # starts the node again and waits until it has caught up. $3 of $4 rounds; sets gap.
 leader_round() {
-  local verb="$1" round="$2" name="$1 round $2/$3" file="$work/$1-$2.load" leader down_ms new_leader serving_ms restart_ms catch_up_ms
+  local verb="$1" round="$2" name="$1 round $2/$3" file="$work/$1-$2.load" leader down_ms gone_ms new_leader serving_ms restart_ms catch_up_ms
   gap=-1
   ensure_serving "$name"
   start_load "$file" "$round_secs"
@@ -318,6 +323,7 @@ leader_round() {
   leader="$(wait_leader)" || { fail "$name: no leader for 10 s before the $verb"; finish_load "$file"; return 0; }
   down_ms="$(now_ms)"
   docker "$verb" "${node_cid[$leader]}" >/dev/null
+  gone_ms="$(now_ms)"
   mapfile -t survivors < <(printf '%s\n' 1 2 3 | grep -vx "$leader")
   if new_leader="$(wait_serving "${survivors[@]}")"; then
     serving_ms=$(($(now_ms) - down_ms))
@@ -333,10 +339,10 @@ leader_round() {
     catch_up_ms=-1
   fi
   finish_load "$file"
-  measure_gap "$file" "$down_ms" "$name"
+  measure_gap "$file" "$down_ms" "$gone_ms" "$name"
   echo "$name: docker $verb of leader node$leader; node$new_leader serving after ${serving_ms} ms;" \
     "node$leader caught up ${catch_up_ms} ms after its restart; write gap ${gap} ms ($failed of $total writes failed)"
-  echo "drill: $verb round=$round node=$leader at_ms=$down_ms new_leader=$new_leader serving_ms=$serving_ms" \
+  echo "drill: $verb round=$round node=$leader at_ms=$down_ms gone_ms=$gone_ms new_leader=$new_leader serving_ms=$serving_ms" \
     "catch_up_ms=$catch_up_ms gap_ms=$gap failed_writes=$failed writes=$total"
 }
 
@@ -382,6 +388,8 @@ partition() {
   local others
   others="$(printf '%s\n' 1 2 3 | grep -vx "$target" | tr '\n' ' ')"
   echo "$kind partition: node$target cut off for ${partition_secs} s (leader node$leader, term $term_before)"
+  local disconnect_ms
+  disconnect_ms="$(now_ms)"
   docker network disconnect "$network" "${node_cid[$target]}"
   cut_ms="$(now_ms)"
   partitioned="${node_cid[$target]} node$target"
@@ -425,7 +433,7 @@ partition() {
   term_after="$( [[ -z "$leader_after" ]] || field term "$(node_status "$leader_after")")"
   finish_load "$file"
   longest="$(longest_gap "$file")"
-  measure_gap "$file" "$cut_ms" "$kind partition"
+  measure_gap "$file" "$disconnect_ms" "$cut_ms" "$kind partition"
   ((longest <= max_gap_ms)) || fail "$kind partition: ${longest} ms without a successful write"
   [[ -n "$leader_after" ]] || fail "$kind partition: no leader after reconnecting"
   if [[ "$kind" == follower ]]; then

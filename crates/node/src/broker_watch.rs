@@ -7,8 +7,10 @@
 //! - A leader that has been without its broker for longer than the lease (the election
 //!   timeout's upper bound) asks the other voters whether they are ready (`GET /ready`: connected
 //!   to the broker, caught up, hearing the leader). If one is, it hands leadership over: it stops
-//!   its heartbeats and refuses new work, so the followers stop hearing from it, and the first
-//!   connected one whose pre-vote succeeds stands and wins (the leader grants that pre-vote too).
+//!   its heartbeats, refuses new work and asks that voter to stand at once
+//!   ([`Node::hand_over_to`]); should it not, the followers stop hearing from the leader, and the
+//!   first connected one whose pre-vote succeeds stands and wins (the leader grants that
+//!   pre-vote too).
 //! - If no other voter is ready (the broker is gone for everyone), it keeps leading and asks
 //!   again a lease later. If nobody took over within [`HANDOVER_WINDOW`] leases, it resumes its
 //!   heartbeats and tries again later.
@@ -96,10 +98,11 @@ pub(crate) async fn follow_broker(node: Arc<Node>, mut connected: watch::Receive
                             peer,
                             "no broker connection for longer than the lease: handing leadership to a connected node"
                         );
-                        node.hand_over(format!(
+                        let why = format!(
                             "node {} has lost its broker connection and hands leadership over; try again shortly",
                             node.id
-                        ));
+                        );
+                        node.hand_over_to(peer, why).await;
                         Handover::Since(Instant::now())
                     }
                     None => Handover::AskAgainAt(Instant::now() + lease),
@@ -168,10 +171,9 @@ pub(crate) async fn without_broker(node: Arc<Node>) {
                             peer,
                             "this node has no broker and leads: handing leadership to a node connected to its broker"
                         );
-                        node.hand_over(format!(
-                            "node {} has no broker and hands leadership over; try again shortly",
-                            node.id
-                        ));
+                        let why =
+                            format!("node {} has no broker and hands leadership over; try again shortly", node.id);
+                        node.hand_over_to(peer, why).await;
                         Some(Instant::now())
                     }
                     _ => None,

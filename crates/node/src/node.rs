@@ -361,6 +361,22 @@ impl Node {
         self.pipeline.refuse(Some(why));
     }
 
+    /// [`Node::hand_over`], then asks `peer` to stand at once (`statestore_raft::election`,
+    /// *hand over*), so that it leads within a round trip or two rather than after a lease and
+    /// an election timeout of no heartbeats. If it does not (it refused, or this node's log ran
+    /// ahead of its), the followers stand once they stop hearing this node, as before.
+    pub(crate) async fn hand_over_to(&self, peer: NodeId, why: String) {
+        self.hand_over(why);
+        let deadline = self.elector.lease() * 2;
+        match self.elector.hand_over(deadline, Some(peer)).await {
+            Ok(leader) => tracing::info!(leader, "handed leadership over to node {leader}"),
+            Err(why) => tracing::info!(
+                why,
+                "node {peer} did not stand at once; the followers stand once they stop hearing this node"
+            ),
+        }
+    }
+
     /// Undoes [`Node::hand_over`]: heartbeats on, submissions taken again.
     pub(crate) fn resume_serving(&self) {
         self.raft.runtime_config().heartbeat(true);
@@ -386,7 +402,7 @@ impl Node {
         }
         self.pipeline.refuse(Some("this node is stopping; another node takes over as leader".into()));
         let started = std::time::Instant::now();
-        match self.elector.hand_over(HANDOVER_DEADLINE).await {
+        match self.elector.hand_over(HANDOVER_DEADLINE, None).await {
             Ok(leader) => tracing::info!(
                 leader,
                 millis = started.elapsed().as_millis() as u64,

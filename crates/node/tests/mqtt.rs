@@ -78,6 +78,14 @@ async fn a_leader_that_loses_its_broker_hands_leadership_to_a_connected_node() {
     let client = RawClient::connect(broker.port, "broker-cut").await;
     assert_eq!(client.request(&set(b"before-cut", b"1"), &timestamp()).await.payload, b"+OK\r\n");
 
+    let stood_on_request = |text: &str| {
+        metric(text, "statestore_elections_started_total{reason=\"handover\"}").unwrap_or(0.0)
+    };
+    let mut before = std::collections::BTreeMap::new();
+    for id in cluster.running() {
+        before.insert(id, stood_on_request(&cluster.metrics(id).await));
+    }
+
     gates[&first].cut();
     let answered = first_write_answered(&client, "during-cut").await.unwrap_or_else(|| {
         panic!("no request was answered within 15 s of the leader losing its broker\n{}", cluster.logs())
@@ -85,6 +93,13 @@ async fn a_leader_that_loses_its_broker_hands_leadership_to_a_connected_node() {
     let second = cluster.wait_leader().await;
     assert_ne!(second, first, "a connected node leads");
     println!("answered again {} ms after the leader lost its broker", answered.as_millis());
+    // The old leader asked it to stand: it did not wait until it stopped hearing that leader.
+    assert_eq!(
+        stood_on_request(&cluster.metrics(second).await),
+        before[&second] + 1.0,
+        "node {second} stood at the old leader's request\n{}",
+        cluster.logs()
+    );
 
     gates[&first].heal();
     cluster.wait_ready().await;

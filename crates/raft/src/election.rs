@@ -409,7 +409,7 @@ impl Elector {
     /// this node no longer leads: the new leader's id, or why not within `deadline`. The caller
     /// has stopped new proposals and forbidden this node to lead ([`Elector::may_lead`]);
     /// entries already proposed are waited for (their answers go out from here).
-    pub async fn hand_over(&self, deadline: Duration) -> Result<NodeId, String> {
+    pub async fn hand_over(&self, deadline: Duration, to: Option<NodeId>) -> Result<NodeId, String> {
         let until = Instant::now() + deadline;
         let mut metrics = self.raft.metrics();
         let mut asked: Option<NodeId> = None;
@@ -438,20 +438,24 @@ impl Elector {
             }
             if asked.is_none() && state == ServerState::Leader {
                 let (configs, nodes) = self.voters();
-                let pairs_quorum = |id: NodeId| has_quorum(&configs, &BTreeSet::from([self.id, id]));
-                if !replication.keys().any(|id| *id != self.id && pairs_quorum(*id)) {
+                let pairs_quorum = |id: NodeId| {
+                    id != self.id
+                        && to.is_none_or(|to| to == id)
+                        && has_quorum(&configs, &BTreeSet::from([self.id, id]))
+                };
+                if !replication.keys().any(|id| pairs_quorum(*id)) {
                     return Err("no other voter's vote with this node's makes a quorum".into());
                 }
-                if !replication.keys().any(|id| *id != self.id && pairs_quorum(*id) && !tried.contains(id)) {
+                if !replication.keys().any(|id| pairs_quorum(*id) && !tried.contains(id)) {
                     return Err(format!("no voter would stand: asked {tried:?}"));
                 }
                 let last = self.log.last_log_id().map_err(|e| format!("reading the log: {e}"))?;
                 // Every entry proposed here is applied (its answer given), and a voter's log
                 // ends where this node's does, that voter's vote and this node's a quorum.
                 let settled = last.map(|id| id.index) == last_index && applied == last_index;
-                let successor = replication.iter().find(|(id, matched)| {
-                    **id != self.id && **matched == last && pairs_quorum(**id) && !tried.contains(*id)
-                });
+                let successor = replication
+                    .iter()
+                    .find(|(id, matched)| **matched == last && pairs_quorum(**id) && !tried.contains(*id));
                 if let (true, Some((&id, _)), Some(node)) =
                     (settled, successor, successor.and_then(|(id, _)| nodes.get(id)))
                 {
