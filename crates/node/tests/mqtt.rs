@@ -78,9 +78,8 @@ async fn a_leader_that_loses_its_broker_hands_leadership_to_a_connected_node() {
     let client = RawClient::connect(broker.port, "broker-cut").await;
     assert_eq!(client.request(&set(b"before-cut", b"1"), &timestamp()).await.payload, b"+OK\r\n");
 
-    let stood_on_request = |text: &str| {
-        metric(text, "statestore_elections_started_total{reason=\"handover\"}").unwrap_or(0.0)
-    };
+    let stood_on_request =
+        |text: &str| metric(text, "statestore_elections_started_total{reason=\"handover\"}").unwrap_or(0.0);
     let mut before = std::collections::BTreeMap::new();
     for id in cluster.running() {
         before.insert(id, stood_on_request(&cluster.metrics(id).await));
