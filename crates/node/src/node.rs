@@ -392,9 +392,7 @@ impl Node {
     /// stops as it would have (the others elect a leader after their lease). Leading or not, a
     /// stopping node no longer stands for election, on its own or when asked.
     pub async fn hand_over_leadership(&self) {
-        for duty in self.duties.lock().unwrap().drain(..) {
-            duty.abort();
-        }
+        self.end_duties();
         self.elector.may_lead(false);
         if self.raft.metrics().borrow().state != openraft::ServerState::Leader || self.elector.other_voters().is_empty()
         {
@@ -421,6 +419,13 @@ impl Node {
         self.duties.lock().unwrap().push(handle);
     }
 
+    /// Ends the node's background tasks (those not ended already).
+    fn end_duties(&self) {
+        for duty in self.duties.lock().unwrap().drain(..) {
+            duty.abort();
+        }
+    }
+
     /// Ends the node's background tasks and refuses new requests, then stops Raft (no more
     /// votes, appends or applies), then writes what was applied to disk, so that the node does
     /// not apply the log again when it starts.
@@ -439,9 +444,7 @@ impl Node {
 
     pub async fn shutdown(&self) {
         self.close_to_peers();
-        for duty in self.duties.lock().unwrap().drain(..) {
-            duty.abort();
-        }
+        self.end_duties();
         self.pipeline.refuse(Some("this node is stopping".into()));
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft did not stop cleanly");

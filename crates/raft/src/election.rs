@@ -455,10 +455,10 @@ impl Elector {
                 let settled = last.map(|id| id.index) == last_index && applied == last_index;
                 let successor = replication
                     .iter()
-                    .find(|(id, matched)| **matched == last && pairs_quorum(**id) && !tried.contains(*id));
-                if let (true, Some((&id, _)), Some(node)) =
-                    (settled, successor, successor.and_then(|(id, _)| nodes.get(id)))
-                {
+                    .filter(|_| settled)
+                    .find(|(id, matched)| **matched == last && pairs_quorum(**id) && !tried.contains(*id))
+                    .and_then(|(id, _)| nodes.get(id).map(|node| (*id, node)));
+                if let Some((id, node)) = successor {
                     let request = StandRequest { vote, last_log_id: last };
                     let timeout = self.tick.max(Duration::from_millis(100));
                     match self.network.ask_to_stand(id, node, &request, timeout).await {
