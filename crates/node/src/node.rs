@@ -426,9 +426,6 @@ impl Node {
         }
     }
 
-    /// Ends the node's background tasks and refuses new requests, then stops Raft (no more
-    /// votes, appends or applies), then writes what was applied to disk, so that the node does
-    /// not apply the log again when it starts.
     /// Stops taking Raft messages over appends streams: each closes at its next frame.
     pub fn close_to_peers(&self) {
         self.closed_to_peers.send_replace(true);
@@ -442,6 +439,9 @@ impl Node {
         }
     }
 
+    /// Ends the node's background tasks and refuses new requests, then stops Raft (no more
+    /// votes, appends or applies), then writes what was applied to disk, so that the node does
+    /// not apply the log again when it starts.
     pub async fn shutdown(&self) {
         self.close_to_peers();
         self.end_duties();

@@ -13,7 +13,10 @@ use azure_iot_operations_protocol::common::hybrid_logical_clock::HybridLogicalCl
 use azure_iot_operations_services::state_store::{Operation, SetOptions};
 use common::broker::Broker;
 use common::sdk::{unique_client_id, SdkSession};
-use common::{metric, Cluster};
+use common::{metric, Cluster, DEADLINE};
+use statestore_node::node::HANDOVER_DEADLINE;
+use statestore_node::server::HTTP_DRAIN;
+use statestore_protocol::{Response, Set};
 use statestore_raft::election::{StandRequest, StandResponse, STAND_PATH};
 use statestore_raft::types::Vote;
 use statestore_raft::wire::{decode, encode};
@@ -274,4 +277,89 @@ async fn a_leader_stopped_with_sigterm_hands_leadership_over() {
     for session in sessions {
         session.close().await;
     }
+}
+
+/// Stops the leader with SIGTERM while both other voters are paused (SIGSTOP), with a write
+/// still in flight when `pending` (so no voter's log can end where the leader's does): the
+/// leader stops once its handover gives up, and says why it did not hand over. Once the voters
+/// run again they elect a leader among themselves that holds every acknowledged write. Returns
+/// the stopped leader's log.
+async fn stop_the_leader_with_its_voters_paused(pending: bool) -> String {
+    let mut cluster = Cluster::start(3, &[]).await;
+    cluster.wait_ready().await;
+    let leader = cluster.wait_leader().await;
+    let voters: Vec<u64> = cluster.running().into_iter().filter(|id| *id != leader).collect();
+    let mut acknowledged = BTreeMap::new();
+    for n in 0..20 {
+        let key = format!("key-{n}");
+        let answer = cluster.set(leader, &key, "v").await.expect("written before the pause");
+        acknowledged.insert(key, answer.version.expect("a SET answers its version"));
+    }
+    for voter in &voters {
+        cluster.wait_applied(*voter, cluster.status(leader).await.unwrap()["applied_index"].as_u64().unwrap()).await;
+        cluster.signal(*voter, "STOP");
+    }
+    let in_flight = pending.then(|| {
+        let request = cluster
+            .http
+            .post(format!("{}/v1/command", cluster.url(leader)))
+            .header("statestore-ts", common::timestamp())
+            .body(Set::new("late", "v").encode());
+        tokio::spawn(async move {
+            let response = request.send().await.expect("an answer");
+            (response.status().as_u16(), response.text().await.unwrap_or_default())
+        })
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let stopped_at = Instant::now();
+    let status = tokio::task::block_in_place(|| cluster.terminate(leader));
+    let stopped_in = stopped_at.elapsed();
+    assert!(status.success(), "the leader stopped cleanly: {status:?}\n{}", cluster.logs());
+    // The handover gives up at its deadline; then requests in flight get at most HTTP_DRAIN to
+    // finish (the write in flight ends at its own commit deadline, sooner).
+    assert!(
+        stopped_in < HANDOVER_DEADLINE + HTTP_DRAIN + Duration::from_secs(2),
+        "the leader stopped {stopped_in:?} after SIGTERM"
+    );
+    if let Some(in_flight) = in_flight {
+        // Its answer waited for a commit that could not come: not acknowledged, and said so.
+        let (status, body) = tokio::time::timeout(DEADLINE, in_flight).await.expect("answered").unwrap();
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("may still commit"), "{body}");
+    }
+    let log = std::fs::read_to_string(&cluster.nodes[&leader].log).unwrap();
+    assert!(log.contains("stopping without handing leadership over"), "{log}");
+
+    for voter in &voters {
+        cluster.signal(*voter, "CONT");
+    }
+    let successor = cluster.wait_leader().await;
+    assert!(voters.contains(&successor));
+    for (key, version) in &acknowledged {
+        let answer = cluster.get(successor, key).await.expect("read from the new leader");
+        assert_eq!(answer.response, Response::Value(b"v".to_vec()), "{key}");
+        assert_eq!(answer.version.as_ref(), Some(version), "{key} kept the version it was acknowledged with");
+    }
+    cluster.set(successor, "after", "v").await.expect("the new leader takes writes");
+    eprintln!("the leader stopped {stopped_in:?} after SIGTERM");
+    log
+}
+
+/// The voters a stopping leader asks to stand do not answer (paused): it asks each once, then
+/// stops without handing over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopping_leader_whose_voters_do_not_answer_stops_without_handing_over() {
+    let log = stop_the_leader_with_its_voters_paused(false).await;
+    assert_eq!(log.matches("a voter did not answer the request to stand").count(), 2, "each voter asked once:\n{log}");
+    assert!(log.contains("no voter would stand"), "{log}");
+}
+
+/// No voter's log can match the stopping leader's (its last write never reached them): it waits
+/// out its handover deadline, asks no one, and stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopping_leader_that_no_voter_caught_up_with_stops_at_its_deadline() {
+    let log = stop_the_leader_with_its_voters_paused(true).await;
+    assert!(log.contains("no voter's log matched this node's within 2s"), "{log}");
+    assert!(!log.contains("request to stand"), "no voter was asked:\n{log}");
 }
