@@ -14,12 +14,12 @@ use azure_iot_operations_services::state_store::{Operation, SetOptions};
 use common::broker::Broker;
 use common::sdk::{unique_client_id, SdkSession};
 use common::{metric, Cluster, DEADLINE};
+use openraft::CommittedLeaderId;
 use statestore_node::node::HANDOVER_DEADLINE;
 use statestore_node::server::HTTP_DRAIN;
 use statestore_protocol::{Response, Set};
-use statestore_raft::election::{StandRequest, StandResponse, STAND_PATH};
-use statestore_raft::types::Vote;
-use statestore_raft::wire::{decode, encode};
+use statestore_raft::election::StandResponse;
+use statestore_raft::types::{LogId, Vote};
 
 const WRITERS: usize = 4;
 /// Each call's timeout: short, so a call that the dead leader swallowed fails fast and the
@@ -214,21 +214,20 @@ async fn a_leader_stopped_with_sigterm_hands_leadership_over() {
         let text = cluster.metrics(id).await;
         before.insert(id, (elections(&text, "handover"), elections(&text, "prevote")));
     }
-    // A request to stand that does not come from the leadership a voter follows is refused.
+    // A request to stand that does not come from the leadership a voter follows is refused,
+    // and so is one from that leadership whose log goes beyond the voter's.
     let follower = before.keys().copied().next().unwrap();
-    let stale = StandRequest { vote: Vote::new_committed(1_000, leader), last_log_id: None };
-    let answer = cluster
-        .http
-        .post(format!("{}{STAND_PATH}", cluster.url(follower)))
-        .body(encode(&stale).unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert!(answer.status().is_success(), "{}", answer.status());
-    let answer: StandResponse = decode(&answer.bytes().await.unwrap()).unwrap();
+    let stale = cluster.ask_to_stand(follower, Vote::new_committed(1_000, leader), None).await;
     assert!(
-        matches!(&answer, StandResponse::Refused(why) if why.contains("not the leadership")),
-        "node {follower} refuses to stand for a leadership it does not follow: {answer:?}"
+        matches!(&stale, StandResponse::Refused(why) if why.contains("not the leadership")),
+        "node {follower} refuses to stand for a leadership it does not follow: {stale:?}"
+    );
+    let vote = cluster.leadership_vote(leader).await;
+    let ahead = Some(LogId::new(CommittedLeaderId::new(vote.leader_id().term, leader), u64::MAX / 2));
+    let behind = cluster.ask_to_stand(follower, vote, ahead).await;
+    assert!(
+        matches!(&behind, StandResponse::Refused(why) if why.contains("before the leader's")),
+        "node {follower} refuses to stand with a log that lacks the leader's last entry: {behind:?}"
     );
 
     let stopped_at = Instant::now();

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use common::{metric, Cluster, DEADLINE};
 use statestore_protocol::Response;
+use statestore_raft::election::StandResponse;
 
 /// Snapshot after 40 entries and keep no log below it, so a node that misses more than that can
 /// only catch up from a snapshot.
@@ -97,6 +98,12 @@ async fn a_learner_receives_a_snapshot_of_many_chunks_whole() {
     let metrics = cluster.metrics(4).await;
     let installed = metric(&metrics, "statestore_snapshots_total{kind=\"installed\"}").unwrap_or(0.0);
     assert!(installed >= 1.0, "node 4 caught up without installing a snapshot:\n{metrics}");
+    // A learner does not stand for election, even at its leader's request.
+    let asked = cluster.ask_to_stand(4, cluster.leadership_vote(leader).await, None).await;
+    assert!(
+        matches!(&asked, StandResponse::Refused(why) if why.contains("not a voter")),
+        "learner 4 refuses to stand: {asked:?}"
+    );
     for (key, value, version) in &written {
         let local = cluster.get_local(4, key).await.unwrap();
         assert_eq!(local.response, Response::Value(value.clone().into_bytes()), "{key} on node 4");

@@ -397,6 +397,33 @@ impl Cluster {
         }
     }
 
+    /// `POST /raft/stand` to node `id`, as a stopping leader with `vote` whose log ends at
+    /// `last_log_id` would ask it; the node's answer.
+    #[allow(dead_code)]
+    pub async fn ask_to_stand(
+        &self,
+        id: u64,
+        vote: statestore_raft::types::Vote,
+        last_log_id: Option<statestore_raft::types::LogId>,
+    ) -> statestore_raft::election::StandResponse {
+        use statestore_raft::wire::{decode, encode};
+        let request = statestore_raft::election::StandRequest { vote, last_log_id };
+        let path = statestore_raft::election::STAND_PATH;
+        let answer =
+            self.http.post(format!("{}{path}", self.url(id))).body(encode(&request).unwrap()).send().await.unwrap();
+        assert!(answer.status().is_success(), "{}", answer.status());
+        decode(&answer.bytes().await.unwrap()).unwrap()
+    }
+
+    /// The vote of node `id`'s current leadership, as its followers hold it.
+    #[allow(dead_code)]
+    pub async fn leadership_vote(&self, id: u64) -> statestore_raft::types::Vote {
+        let status = self.status(id).await.expect("a status");
+        let term = status["term"].as_u64().expect("a term");
+        let leader = status["leader"]["id"].as_u64().expect("a leader");
+        statestore_raft::types::Vote::new_committed(term, leader)
+    }
+
     pub async fn metrics(&self, id: u64) -> String {
         self.http.get(format!("{}/metrics", self.url(id))).send().await.unwrap().text().await.unwrap()
     }
