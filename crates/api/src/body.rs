@@ -73,6 +73,26 @@ pub struct MembershipChange {
     pub remove: BTreeSet<NodeId>,
 }
 
+/// `POST /cluster/leader`: move leadership to another voter, every node running on.
+#[derive(Debug, Default, Serialize, Deserialize, PartialEq, Eq, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct MoveLeadership {
+    /// The voter to lead next; without it, any voter whose log matches the leader's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<NodeId>,
+}
+
+/// The answer to `POST /cluster/leader` (200): leadership moved.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq, Clone)]
+pub struct LeadershipMoved {
+    /// The node that led before.
+    pub from: NodeId,
+    /// The node that leads now.
+    pub leader: NodeId,
+    /// How long the move took, in milliseconds.
+    pub millis: u64,
+}
+
 /// The answer to `POST /cluster/snapshot` (202): the build runs in the background.
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq, Clone)]
 pub struct SnapshotRequested {

@@ -7,6 +7,8 @@ pub const CLUSTER: &str = "/cluster";
 pub const LEARNERS: &str = "/cluster/learners";
 /// `POST` [`crate::body::MembershipChange`]: answered [`crate::body::ClusterStatus`].
 pub const MEMBERS: &str = "/cluster/members";
+/// `POST` [`crate::body::MoveLeadership`]: answered [`crate::body::LeadershipMoved`].
+pub const LEADER: &str = "/cluster/leader";
 /// `POST`: build a snapshot now ([`crate::body::SnapshotRequested`]).
 pub const SNAPSHOT: &str = "/cluster/snapshot";
 /// `GET`: a backup of every key, streamed (`statestore_protocol::backup`).

@@ -66,6 +66,8 @@ struct Inner {
     gone: mpsc::UnboundedSender<String>,
     /// Keys with an `Expire` in flight.
     expiring: Mutex<HashSet<Vec<u8>>>,
+    /// When this node's current leadership was confirmed; `None` while it does not lead.
+    since: Mutex<Option<Instant>>,
 }
 
 #[derive(Clone)]
@@ -115,6 +117,7 @@ impl Leader {
             leading,
             gone: gone_tx,
             expiring: Mutex::new(HashSet::new()),
+            since: Mutex::new(None),
         });
         let weak = Arc::downgrade(&inner);
         inner.pipeline.on_notifications(Box::new(move || {
@@ -143,6 +146,12 @@ impl Leader {
     /// Whether this node leads and has confirmed it.
     pub fn is_leading(&self) -> bool {
         self.inner.is_leading()
+    }
+
+    /// When this node's current leadership was confirmed (shortly after its election); `None`
+    /// while it does not lead.
+    pub fn leading_since(&self) -> Option<Instant> {
+        *self.inner.since.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The term this node leads in once confirmed, `None` while it does not lead.
@@ -189,6 +198,7 @@ impl Inner {
             if is_leader && leading_term != Some(term) {
                 if ensure_linearizable(&raft).await.is_ok() {
                     leading_term = Some(term);
+                    *self.since.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
                     tracing::info!(term, "leading: publishing the notification backlog and taking over");
                     if let Some(sink) = self.sink() {
                         sink.restart();
@@ -200,6 +210,7 @@ impl Inner {
                 continue;
             }
             if !is_leader && leading_term.take().is_some() {
+                *self.since.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
                 if let Some(sink) = self.sink() {
                     sink.stop();
                 }

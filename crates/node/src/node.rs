@@ -1,7 +1,7 @@
 //! A running node: its Raft instance, its storage, and the entry point the front ends use to
 //! execute commands — [`Node::execute`] hands requests to the node's [`Pipeline`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -115,6 +115,8 @@ pub struct Node {
     /// True once the node stops taking Raft messages: its appends streams close at the next
     /// frame, before Raft stops, as its HTTP server stops taking requests.
     closed_to_peers: tokio::sync::watch::Sender<bool>,
+    /// Held while leadership is being moved ([`Node::move_leadership`]): one move at a time.
+    moving: tokio::sync::Mutex<()>,
 }
 
 /// How long a stopping leader tries to hand its leadership over before it stops regardless.
@@ -211,6 +213,7 @@ impl Node {
             peer_health,
             duties: std::sync::Mutex::default(),
             closed_to_peers: tokio::sync::watch::Sender::new(false),
+            moving: tokio::sync::Mutex::new(()),
         });
         node.metrics.watch(node.clone());
         node.spawn_duty(crate::events::log_cluster_events(node.clone()));
@@ -399,6 +402,7 @@ impl Node {
             return;
         }
         self.pipeline.refuse(Some("this node is stopping; another node takes over as leader".into()));
+        self.until_another_can_be_elected().await;
         let started = std::time::Instant::now();
         match self.elector.hand_over(HANDOVER_DEADLINE, None).await {
             Ok(leader) => tracing::info!(
@@ -411,6 +415,87 @@ impl Node {
                 "stopping without handing leadership over; the other voters elect a leader once its lease has passed"
             ),
         }
+    }
+
+    /// Moves this leader's leadership to voter `to`, or to any voter whose log matches its own,
+    /// every node running on (maintenance of the leader's machine, or a leader placed near the
+    /// broker): the new leader's id. First, serving as usual, it waits up to
+    /// [`HANDOVER_DEADLINE`] for such a voter to hold the log as it is now; then new requests
+    /// wait, in order, not refused, for at most two leases: what was proposed is applied and
+    /// answered, and the voter is asked to stand
+    /// ([`statestore_raft::election::Elector::hand_over`]). Once it leads, the requests that
+    /// waited go on here and fail over as a follower's do (an MQTT request is kept for the new
+    /// leader, which received it too; an HTTP caller is sent to the new leader). If it does not
+    /// lead in time, this node leads on and serves them: the error says why.
+    pub async fn move_leadership(&self, to: Option<NodeId>) -> Result<NodeId, String> {
+        let Ok(_moving) = self.moving.try_lock() else {
+            return Err("leadership is being moved already".into());
+        };
+        let (last, voters) = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            if metrics.state != openraft::ServerState::Leader {
+                return Err("this node does not lead".into());
+            }
+            let voters: BTreeSet<NodeId> = metrics.membership_config.membership().voter_ids().collect();
+            (metrics.last_log_index.unwrap_or(0), voters)
+        };
+        self.until_another_can_be_elected().await;
+        let successor = |id: NodeId| id != self.id && to.is_none_or(|to| to == id) && voters.contains(&id);
+        if !self.replicated(successor, last, HANDOVER_DEADLINE).await {
+            let who = to.map_or("no other voter".to_string(), |id| format!("node {id}"));
+            return Err(format!("{who} held this node's log up to index {last} within {HANDOVER_DEADLINE:?}"));
+        }
+        self.pipeline.hold(true);
+        let started = std::time::Instant::now();
+        let moved = self.elector.hand_over(self.elector.lease() * 2, to).await;
+        self.pipeline.hold(false);
+        match &moved {
+            Ok(leader) => tracing::info!(
+                leader,
+                millis = started.elapsed().as_millis() as u64,
+                "moved leadership to node {leader}"
+            ),
+            Err(why) => tracing::warn!(why, "leadership did not move; leading on"),
+        }
+        moved
+    }
+
+    /// Waits until a lease (and a margin) has passed since this node's leadership began:
+    /// openraft refuses every vote for a lease after this node's election, its own included, so
+    /// a voter asked to stand sooner would lose its election.
+    async fn until_another_can_be_elected(&self) {
+        let lease = self.elector.lease();
+        let since = self.leader.leading_since().unwrap_or_else(std::time::Instant::now);
+        tokio::time::sleep_until((since + lease + lease / 2).into()).await;
+    }
+
+    /// Waits up to `deadline` until this leader's replication to a node that `wanted` accepts
+    /// has reached `index`; false if it has not, or this node stopped leading.
+    pub(crate) async fn replicated(&self, wanted: impl Fn(NodeId) -> bool, index: u64, deadline: Duration) -> bool {
+        let mut metrics = self.raft.metrics();
+        let reached = async {
+            loop {
+                let reached = {
+                    let m = metrics.borrow_and_update();
+                    if m.state != openraft::ServerState::Leader {
+                        return false;
+                    }
+                    m.replication.as_ref().is_some_and(|replication| {
+                        replication
+                            .iter()
+                            .any(|(id, matched)| wanted(*id) && matched.is_some_and(|matched| matched.index >= index))
+                    })
+                };
+                if reached {
+                    return true;
+                }
+                if metrics.changed().await.is_err() {
+                    return false;
+                }
+            }
+        };
+        tokio::time::timeout(deadline, reached).await.unwrap_or(false)
     }
 
     /// Starts one of the node's background tasks, ended by [`Node::shutdown`].

@@ -15,6 +15,10 @@
 //! leadership confirmation with a quorum (`ensure_linearizable`, Raft's ReadIndex). A read may
 //! also see writes submitted after it: those were concurrent with it.
 //!
+//! A node that stops refuses new submissions ([`Pipeline::refuse`]); one that moves its
+//! leadership to another node holds them in order instead ([`Pipeline::hold`]), and lets them
+//! go once the move succeeded or failed.
+//!
 //! Every wait is bounded by [`PROPOSAL_TIMEOUT`]: a write that is not applied in time is answered
 //! `Unavailable` (its outcome is unknown), and a leadership check that does not finish in time
 //! answers the reads waiting on it the same way.
@@ -26,7 +30,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use statestore_protocol::Request;
 use statestore_raft::{Node as RaftNode, NodeId, Raft, StateReader, TypeConfig};
 use statestore_statemachine::{Applied, Entry, Proposal, Reply};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::clock_watch::{ClockCheck, ClockVerdict};
 use crate::metrics::Metrics;
@@ -99,6 +103,8 @@ pub struct Pipeline {
     notification_hook: Arc<OnceLock<NotificationHook>>,
     /// While set, every submission is answered `Unavailable` with this reason at once.
     refusal: Arc<Mutex<Option<String>>>,
+    /// While true, nothing is proposed or read: submissions wait in order ([`Pipeline::hold`]).
+    held: Arc<watch::Sender<bool>>,
     metrics: Metrics,
 }
 
@@ -110,10 +116,11 @@ impl Pipeline {
         let (stages_tx, stages_rx) = mpsc::unbounded_channel();
         let (reads_tx, reads_rx) = mpsc::unbounded_channel();
         let notification_hook: Arc<OnceLock<NotificationHook>> = Arc::new(OnceLock::new());
-        tokio::spawn(batcher(raft.clone(), metrics.clone(), clock_check, submitted, stages_tx));
+        let held = Arc::new(watch::Sender::new(false));
+        tokio::spawn(batcher(raft.clone(), metrics.clone(), clock_check, submitted, held.subscribe(), stages_tx));
         tokio::spawn(responder(metrics.clone(), notification_hook.clone(), stages_rx, reads_tx));
         tokio::spawn(reader_task(raft, reader, reads_rx));
-        Pipeline { submissions, notification_hook, refusal: Arc::default(), metrics }
+        Pipeline { submissions, notification_hook, refusal: Arc::default(), held, metrics }
     }
 
     /// Sets what runs before the answers of a batch that produced notifications (the MQTT front
@@ -126,6 +133,14 @@ impl Pipeline {
     /// What was submitted before is served as usual.
     pub fn refuse(&self, why: Option<String>) {
         *self.refusal.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = why;
+    }
+
+    /// Holds every submission from now on (`true`) without answering it, or lets them go on in
+    /// order (`false`): what was proposed before is served as usual. While leadership moves,
+    /// nothing new must reach the log; once it has moved, what waited fails over as any request
+    /// a follower gets, and if it has not, this node serves it.
+    pub fn hold(&self, held: bool) {
+        self.held.send_replace(held);
     }
 
     /// Whether submissions are being refused ([`Pipeline::refuse`]).
@@ -166,6 +181,7 @@ async fn batcher(
     metrics: Metrics,
     clock_check: Option<ClockCheck>,
     mut submitted: mpsc::UnboundedReceiver<Submission>,
+    mut held: watch::Receiver<bool>,
     stages: mpsc::UnboundedSender<Stage>,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_PROPOSALS_IN_FLIGHT));
@@ -178,7 +194,9 @@ async fn batcher(
                 None => return,
             },
         };
-        // While every slot is taken, submissions pile up in the channel: they form the batch.
+        // While held, and while every slot is taken, submissions pile up in the channel: they
+        // form the batch. (A dropped sender means the pipeline is gone: go on and fail.)
+        let _ = held.wait_for(|held| !*held).await;
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
         let mut batch = Vec::new();
         let mut answers = Vec::new();

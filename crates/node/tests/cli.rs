@@ -287,6 +287,25 @@ async fn cluster_administration_over_http() {
     assert_eq!(members["leader"], leader);
     assert_eq!(members["voters"].as_array().unwrap().len(), 3);
 
+    // Leadership moved to the follower, through the follower's endpoint, and back with no target.
+    let follower = cluster.running().into_iter().find(|id| *id != leader).unwrap();
+    let via_follower = Cli { port: cli.port, endpoints: cluster.url(follower) };
+    let moved = via_follower.run(&["cluster", "leader", "--to", &follower.to_string()]);
+    assert_eq!(code(&moved), 0, "{}{}", text(&moved.stdout), text(&moved.stderr));
+    assert!(
+        text(&moved.stdout).contains(&format!("node {follower} leads (was node {leader}")),
+        "{}",
+        text(&moved.stdout)
+    );
+    assert_eq!(cluster.wait_leader().await, follower);
+    let (exit, moved) = cli.json(&["cluster", "leader"]);
+    assert_eq!(exit, 0, "{moved}");
+    assert_eq!(moved["answer"]["from"], follower, "{moved}");
+    let leader = cluster.wait_leader().await;
+    let itself = cli.run(&["cluster", "leader", "--to", &leader.to_string()]);
+    assert_eq!(code(&itself), 3);
+    assert!(text(&itself.stderr).contains("leads already"), "{}", text(&itself.stderr));
+
     // Add node 4 as a learner through a follower endpoint (redirected to the leader), promote
     // it, then remove it.
     cluster.extra_args = vec!["--broker".into(), broker.address()];

@@ -182,27 +182,7 @@ async fn a_leader_stopped_with_sigterm_hands_leadership_over() {
     let mut cluster = Cluster::start(3, &["--broker", &broker.address()]).await;
     cluster.wait_ready().await;
 
-    let calls = Arc::new(Mutex::new(Vec::<(Instant, Instant, bool)>::new()));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut sessions = Vec::new();
-    let mut writers = Vec::new();
-    for writer in 0..2 {
-        let session = SdkSession::connect(broker.port, &unique_client_id(&format!("writer{writer}"))).await;
-        let store = session.state_store();
-        sessions.push(session);
-        let (calls, stop) = (calls.clone(), stop.clone());
-        writers.push(tokio::spawn(async move {
-            let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                n += 1;
-                let started = Instant::now();
-                let key = format!("w{writer}-{n}").into_bytes();
-                let set = store.set(key, b"v".to_vec(), CALL_TIMEOUT, None, SetOptions::default()).await;
-                let ok = matches!(&set, Ok(r) if r.response && r.version.is_some());
-                calls.lock().unwrap().push((started, Instant::now(), ok));
-            }
-        }));
-    }
+    let writers = SdkWriters::start(&broker, 2).await;
 
     tokio::time::sleep(Duration::from_secs(2)).await;
     let leader = cluster.wait_leader().await;
@@ -236,10 +216,7 @@ async fn a_leader_stopped_with_sigterm_hands_leadership_over() {
     assert!(status.success(), "the leader stopped cleanly: {status:?}\n{}", cluster.logs());
     let successor = cluster.wait_leader().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for writer in writers {
-        writer.await.unwrap();
-    }
+    let calls = writers.stop().await;
 
     let log = std::fs::read_to_string(&cluster.nodes[&leader].log).unwrap();
     assert!(
@@ -256,26 +233,146 @@ async fn a_leader_stopped_with_sigterm_hands_leadership_over() {
     );
     assert_eq!(elections(&text, "prevote"), prevotes, "node {successor} did not wait out a lease for a pre-vote");
 
-    let calls = calls.lock().unwrap().clone();
-    let failed = calls.iter().filter(|(_, _, ok)| !ok).count();
-    assert_eq!(
-        failed,
-        0,
-        "every call succeeded across the stop ({failed} of {} failed)\n{}",
+    let (first, gap) = every_call_succeeded(&calls, stopped_at, &cluster);
+    eprintln!("the leader stopped in {stopped_in:?}; first answer {first:?} after the SIGTERM, longest gap {gap:?}");
+}
+
+/// SDK clients writing new keys in a loop, each call recorded.
+struct SdkWriters {
+    sessions: Vec<SdkSession>,
+    writers: Vec<tokio::task::JoinHandle<()>>,
+    calls: Arc<Mutex<Vec<(Instant, Instant, bool)>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SdkWriters {
+    async fn start(broker: &Broker, count: usize) -> SdkWriters {
+        let calls = Arc::new(Mutex::new(Vec::<(Instant, Instant, bool)>::new()));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut sessions = Vec::new();
+        let mut writers = Vec::new();
+        for writer in 0..count {
+            let session = SdkSession::connect(broker.port, &unique_client_id(&format!("writer{writer}"))).await;
+            let store = session.state_store();
+            sessions.push(session);
+            let (calls, stop) = (calls.clone(), stop.clone());
+            writers.push(tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    n += 1;
+                    let started = Instant::now();
+                    let key = format!("w{writer}-{n}").into_bytes();
+                    let set = store.set(key, b"v".to_vec(), CALL_TIMEOUT, None, SetOptions::default()).await;
+                    let ok = matches!(&set, Ok(r) if r.response && r.version.is_some());
+                    calls.lock().unwrap().push((started, Instant::now(), ok));
+                }
+            }));
+        }
+        SdkWriters { sessions, writers, calls, stop }
+    }
+
+    /// Stops the writers: every call made, as (started, answered, succeeded).
+    async fn stop(self) -> Vec<(Instant, Instant, bool)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for writer in self.writers {
+            writer.await.unwrap();
+        }
+        for session in self.sessions {
+            session.close().await;
+        }
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+/// Asserts that every call succeeded and that writes went on after `since`; the first answer
+/// after `since` and the longest time without one.
+fn every_call_succeeded(
+    calls: &[(Instant, Instant, bool)],
+    since: Instant,
+    cluster: &Cluster,
+) -> (Option<Duration>, Duration) {
+    let failed: Vec<String> = calls
+        .iter()
+        .filter(|(_, _, ok)| !ok)
+        .map(|(started, done, _)| format!("{:?}..{:?}", started.saturating_duration_since(since), *done - since))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "every call succeeded ({} of {} failed, started..answered after the start: {failed:?})\n{}",
+        failed.len(),
         calls.len(),
         cluster.logs()
     );
-    // The longest time without an answer from the stop on, for the record.
-    let mut answered: Vec<Instant> =
-        calls.iter().map(|(_, done, _)| *done).filter(|done| *done >= stopped_at).collect();
+    let mut answered: Vec<Instant> = calls.iter().map(|(_, done, _)| *done).filter(|done| *done >= since).collect();
     answered.sort();
+    assert!(answered.len() > 10, "writes went on: {}", answered.len());
     let gap = answered.windows(2).map(|pair| pair[1] - pair[0]).max().unwrap_or_default();
-    let first = answered.first().map(|at| *at - stopped_at);
-    eprintln!("the leader stopped in {stopped_in:?}; first answer {first:?} after the SIGTERM, longest gap {gap:?}");
-    assert!(answered.len() > 10, "writes went on after the stop: {}", answered.len());
-    for session in sessions {
-        session.close().await;
-    }
+    (answered.first().map(|at| *at - since), gap)
+}
+
+/// Leadership moved on request (`POST /cluster/leader`, as `statestore-cli cluster leader`
+/// sends it), first to a voter named, then to any: each time the named node leads, the old
+/// leader runs on as a follower, and every SDK call made meanwhile succeeds. A move to a voter
+/// that does not answer (paused) gives up within the handover deadline, and the leader leads on
+/// and takes writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leadership_moves_on_request_while_sdk_clients_write() {
+    let broker = Broker::start();
+    let cluster = Cluster::start(3, &["--broker", &broker.address()]).await;
+    cluster.wait_ready().await;
+    let writers = SdkWriters::start(&broker, 2).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let move_leadership = |cluster: &Cluster, on: u64, body: serde_json::Value| {
+        cluster.http.post(format!("{}/cluster/leader", cluster.url(on))).json(&body).send()
+    };
+    let leader = cluster.wait_leader().await;
+    let to = cluster.running().into_iter().find(|id| *id != leader).unwrap();
+    let moved_at = Instant::now();
+    let answer = move_leadership(&cluster, leader, serde_json::json!({"to": to})).await.unwrap();
+    let status = answer.status();
+    let body: serde_json::Value = answer.json().await.unwrap();
+    assert_eq!(status, 200, "{body}\n{}", cluster.logs());
+    assert_eq!((body["from"].as_u64(), body["leader"].as_u64()), (Some(leader), Some(to)), "{body}");
+    assert_eq!(cluster.wait_leader().await, to);
+    assert_eq!(cluster.running().len(), 3, "every node runs on");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Without `to`, sent to a follower: forwarded to the leader, which hands over to anyone.
+    let answer = move_leadership(&cluster, leader, serde_json::json!({})).await.unwrap();
+    let status = answer.status();
+    let body: serde_json::Value = answer.json().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    let next = cluster.wait_leader().await;
+    assert_ne!(next, to, "{body}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Targets that cannot lead are refused before anything is held.
+    let itself = move_leadership(&cluster, next, serde_json::json!({"to": next})).await.unwrap();
+    assert_eq!(itself.status(), 400);
+    let unknown = move_leadership(&cluster, next, serde_json::json!({"to": 99})).await.unwrap();
+    assert_eq!(unknown.status(), 404);
+
+    // A voter that does not answer: the move gives up, the leader leads on, and the requests
+    // that waited meanwhile are served (none is left behind).
+    let paused = cluster.running().into_iter().find(|id| *id != next).unwrap();
+    cluster.signal(paused, "STOP");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    eprintln!("paused {paused}; moving at {:?}", started - moved_at);
+    let answer = move_leadership(&cluster, next, serde_json::json!({"to": paused})).await.unwrap();
+    let status = answer.status();
+    let failed: serde_json::Value = answer.json().await.unwrap();
+    assert_eq!(status, 409, "{failed}");
+    assert_eq!(failed["code"], "not_moved", "{failed}");
+    assert!(started.elapsed() < HANDOVER_DEADLINE + Duration::from_secs(2), "{:?}", started.elapsed());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let calls = writers.stop().await;
+    let (_, gap) = every_call_succeeded(&calls, moved_at, &cluster);
+    eprintln!("moved in {} ms; longest time without an answer {gap:?}", body["millis"]);
+    cluster.set(next, "after a move that did not happen", "v").await.expect("the leader leads on");
+    cluster.signal(paused, "CONT");
+    assert_eq!(cluster.wait_leader().await, next);
 }
 
 /// Stops the leader with SIGTERM while both other voters are paused (SIGSTOP), with a write

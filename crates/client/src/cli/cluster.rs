@@ -8,7 +8,9 @@ use clap::Subcommand;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
-use statestore_api::body::{AddLearner, ClusterStatus, ErrorBody, LearnerAdded, MembershipChange};
+use statestore_api::body::{
+    AddLearner, ClusterStatus, ErrorBody, LeadershipMoved, LearnerAdded, MembershipChange, MoveLeadership,
+};
 use statestore_api::{routes, TlsConfig};
 
 use super::{Outcome, Output};
@@ -47,6 +49,14 @@ pub enum ClusterCommand {
     Remove {
         #[arg(required = true)]
         ids: Vec<u64>,
+    },
+    /// Move leadership to another voter, every node running on (e.g. before maintenance of the
+    /// leader's machine). Requests wait meanwhile instead of failing.
+    #[command(after_help = "Example:\n  statestore-cli cluster leader --to 2")]
+    Leader {
+        /// The voter to lead next; without it, any voter that has caught up.
+        #[arg(long, value_name = "ID")]
+        to: Option<u64>,
     },
 }
 
@@ -206,6 +216,7 @@ pub async fn run(
             change_members(out, &http, &MembershipChange { remove: ids.into_iter().collect(), ..Default::default() })
                 .await
         }
+        ClusterCommand::Leader { to } => move_leadership(out, &http, &MoveLeadership { to }).await,
     }
 }
 
@@ -435,6 +446,26 @@ async fn change_members(out: &Output, http: &Http, request: &MembershipChange) -
     match answer.body::<ClusterStatus>() {
         Ok(status) => {
             out.print(|| "done".to_string(), || json!({"result": "ok", "answer": status}));
+            Outcome::Done
+        }
+        Err(e) => out.error(&e),
+    }
+}
+
+async fn move_leadership(out: &Output, http: &Http, request: &MoveLeadership) -> Outcome {
+    let answer = match http.to_leader(routes::LEADER, Payload::json(request)).await {
+        Ok(answer) => answer,
+        Err(e) => return out.error(&e),
+    };
+    if answer.status != 200 {
+        return out.error(&answer.error());
+    }
+    match answer.body::<LeadershipMoved>() {
+        Ok(moved) => {
+            out.print(
+                || format!("node {} leads (was node {}, moved in {} ms)", moved.leader, moved.from, moved.millis),
+                || json!({"result": "ok", "answer": moved}),
+            );
             Outcome::Done
         }
         Err(e) => out.error(&e),

@@ -12,7 +12,9 @@ use axum::Json;
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use serde::de::DeserializeOwned;
-use statestore_api::body::{AddLearner, LearnerAdded, MembershipChange, SnapshotRequested, Up};
+use statestore_api::body::{
+    AddLearner, LeadershipMoved, LearnerAdded, MembershipChange, MoveLeadership, SnapshotRequested, Up,
+};
 use statestore_raft::types::RaftMetrics;
 use statestore_raft::NodeId;
 use statestore_statemachine::{Entry, Operation};
@@ -147,7 +149,8 @@ pub async fn add_learner(State(node): State<Arc<Node>>, body: Bytes) -> Result<R
     // Caught up means holding the leader's log up to its end now, membership entry included,
     // as the leader's replication to it reports: nothing is assumed of a node that never answered.
     let end = node.raft.metrics().borrow().last_log_index.unwrap_or(0);
-    let caught_up = wait_matched(&node, request.id, end, timeout.saturating_sub(started.elapsed())).await;
+    let learner = request.id;
+    let caught_up = node.replicated(|id| id == learner, end, timeout.saturating_sub(started.elapsed())).await;
     let status = if caught_up { StatusCode::OK } else { StatusCode::ACCEPTED };
     Ok((status, Json(LearnerAdded { id: request.id, address, caught_up })).into_response())
 }
@@ -201,7 +204,7 @@ pub async fn change_members(State(node): State<Arc<Node>>, body: Bytes) -> Resul
     // is promoted: every promoted learner must first hold everything committed now.
     let committed = node.reader.committed_index();
     for id in request.promote.iter().filter(|id| learners.contains(id)) {
-        if !wait_matched(&node, *id, committed, PROMOTE_CATCH_UP).await {
+        if !node.replicated(|candidate| candidate == *id, committed, PROMOTE_CATCH_UP).await {
             let matched = node.raft.metrics().borrow().replication.as_ref().and_then(|r| r.get(id).copied().flatten());
             let address = membership.get_node(id).map(|n| n.addr.clone()).unwrap_or_default();
             return Err(ApiError::new(
@@ -238,25 +241,40 @@ pub async fn change_members(State(node): State<Arc<Node>>, body: Bytes) -> Resul
     Ok(Json(cluster_status(&node)))
 }
 
-/// Waits up to `deadline` until this leader's replication to `id` has reached `index`; false if
-/// it has not, or this node stopped leading.
-async fn wait_matched(node: &Node, id: NodeId, index: u64, deadline: Duration) -> bool {
-    let mut metrics = node.raft.metrics();
-    let reached = async {
-        loop {
-            let matched = {
-                let current = metrics.borrow_and_update();
-                current.replication.as_ref().and_then(|r| r.get(&id).copied().flatten()).map(|log_id| log_id.index)
-            };
-            if matched.is_some_and(|matched| matched >= index) {
-                return true;
-            }
-            if metrics.changed().await.is_err() {
-                return false;
-            }
+/// `POST /cluster/leader {"to": 2}`: moves leadership to voter 2 (without `to`: to any voter
+/// whose log matches the leader's), every node running on. 200 with the new leader once it
+/// leads; 409 `not_moved` with the reason when no voter took over within the handover deadline
+/// (this node leads on); 404 / 400 for a `to` that is not another voter.
+pub async fn move_leadership(State(node): State<Arc<Node>>, body: Bytes) -> Result<Json<LeadershipMoved>, ApiError> {
+    let request: MoveLeadership = if body.is_empty() { MoveLeadership::default() } else { json_body(&body)? };
+    let metrics = node.raft.metrics().borrow().clone();
+    require_leader(&metrics)?;
+    let membership = metrics.membership_config.membership();
+    if let Some(to) = request.to {
+        if to == node.id {
+            return Err(ApiError::bad_request(format!("node {to} leads already")));
         }
-    };
-    tokio::time::timeout(deadline, reached).await.unwrap_or(false)
+        if !membership.voter_ids().any(|id| id == to) {
+            let what = if membership.learner_ids().any(|id| id == to) { "a learner" } else { "not a member" };
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_node",
+                format!("node {to} is {what}: only a voter can lead"),
+            ));
+        }
+    }
+    let started = std::time::Instant::now();
+    match node.move_leadership(request.to).await {
+        Ok(leader) => Ok(Json(LeadershipMoved { from: node.id, leader, millis: started.elapsed().as_millis() as u64 })),
+        Err(why) => {
+            let now = if node.raft.metrics().borrow().state == ServerState::Leader {
+                format!("node {} leads on", node.id)
+            } else {
+                format!("node {} no longer leads; the voters elect a leader", node.id)
+            };
+            Err(ApiError::new(StatusCode::CONFLICT, "not_moved", format!("leadership did not move: {why}; {now}")))
+        }
+    }
 }
 
 /// Waits up to `deadline` until this node has applied up to `index`; false if it has not.

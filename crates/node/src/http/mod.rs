@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `POST /raft/append`, `/raft/vote`, `/raft/snapshot`, `/raft/prevote`, `/raft/stand` | Raft RPC, bincode bodies ([`raft_rpc`]) |
 //! | `GET /raft/append/stream` | a leader's appends to this node over one upgraded connection ([`raft_rpc::append_stream`]) |
-//! | `GET /cluster`, `POST /cluster/learners`, `POST /cluster/members` | membership, JSON ([`cluster`]); a follower forwards changes to the leader ([`forward`]) |
+//! | `GET /cluster`, `POST /cluster/learners`, `POST /cluster/members`, `POST /cluster/leader` | membership and leadership, JSON ([`cluster`]); a follower forwards changes to the leader ([`forward`]) |
 //! | `GET /health`, `GET /ready`, `GET /metrics` | liveness, readiness, Prometheus ([`cluster`]) |
 //! | `POST /v1/command` | execute one RESP3 request ([`command`]); a follower forwards it to the leader ([`forward`]) |
 //! | `GET /cluster/backup`, `POST /cluster/restore` | online backup of the keys, and restoring one into a new cluster ([`backup`]) |
@@ -61,6 +61,7 @@ pub fn router(node: Arc<Node>, client_certificates: bool) -> Router {
     let membership = Router::new()
         .route(routes::LEARNERS, post(cluster::add_learner))
         .route(routes::MEMBERS, post(cluster::change_members))
+        .route(routes::LEADER, post(cluster::move_leadership))
         .route(routes::BACKUP, get(backup::save))
         .route(routes::RESTORE, post(backup::restore).layer(DefaultBodyLimit::max(backup::RESTORE_BODY_LIMIT)))
         .route_layer(middleware::from_fn_with_state(node.clone(), forward::to_leader))
