@@ -446,10 +446,10 @@ impl Node {
             let who = to.map_or("no other voter".to_string(), |id| format!("node {id}"));
             return Err(format!("{who} held this node's log up to index {last} within {HANDOVER_DEADLINE:?}"));
         }
-        self.pipeline.hold(true);
+        let held = self.pipeline.hold();
         let started = std::time::Instant::now();
         let moved = self.elector.hand_over(self.elector.lease() * 2, to).await;
-        self.pipeline.hold(false);
+        drop(held);
         match &moved {
             Ok(leader) => tracing::info!(
                 leader,

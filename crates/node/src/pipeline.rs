@@ -135,12 +135,15 @@ impl Pipeline {
         *self.refusal.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = why;
     }
 
-    /// Holds every submission from now on (`true`) without answering it, or lets them go on in
-    /// order (`false`): what was proposed before is served as usual. While leadership moves,
-    /// nothing new must reach the log; once it has moved, what waited fails over as any request
-    /// a follower gets, and if it has not, this node serves it.
-    pub fn hold(&self, held: bool) {
-        self.held.send_replace(held);
+    /// Holds every submission from now on without answering it, until the returned guard is
+    /// dropped; then they go on in order. What was proposed before is served as usual. While
+    /// leadership moves, nothing new must reach the log; once it has moved, what waited fails
+    /// over as any request a follower gets, and if it has not, this node serves it. The guard
+    /// releases the hold however its holder ends (an HTTP request whose client went away drops
+    /// its handler mid-move).
+    pub fn hold(&self) -> Held {
+        self.held.send_replace(true);
+        Held(self.held.clone())
     }
 
     /// Whether submissions are being refused ([`Pipeline::refuse`]).
@@ -172,6 +175,15 @@ impl Pipeline {
             }),
         );
         rx.await.unwrap_or_else(|_| Err(ExecuteError::Unavailable("the node is stopping".into())))
+    }
+}
+
+/// Keeps a [`Pipeline`] holding its submissions until dropped.
+pub struct Held(Arc<watch::Sender<bool>>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.send_replace(false);
     }
 }
 

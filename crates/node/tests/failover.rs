@@ -345,6 +345,17 @@ async fn leadership_moves_on_request_while_sdk_clients_write() {
     assert_eq!(status, 200, "{body}");
     let next = cluster.wait_leader().await;
     assert_ne!(next, to, "{body}");
+    // Two moves at once, while the new leader waits out its fresh election: one at a time.
+    let (first, second) = tokio::join!(move_leadership(&cluster, next, serde_json::json!({})), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        move_leadership(&cluster, next, serde_json::json!({})).await
+    });
+    let (first, second) = (first.unwrap(), second.unwrap());
+    assert_eq!(first.status(), 200);
+    assert_eq!(second.status(), 409);
+    let refused: serde_json::Value = second.json().await.unwrap();
+    assert!(refused["message"].as_str().unwrap().contains("being moved already"), "{refused}");
+    let next = cluster.wait_leader().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     // Targets that cannot lead are refused before anything is held.
