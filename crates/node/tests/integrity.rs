@@ -85,15 +85,33 @@ fn assert_stops_as_damaged(cluster: &mut Cluster, what: &str) {
 }
 
 /// RocksDB's default recovery cuts the WAL at the first bad record and drops every record after
-/// it, fsynced ones included: a node came back without thousands of acknowledged writes.
+/// it, fsynced ones included. The WAL holds the Raft metadata (votes, committed indexes).
 #[tokio::test(flavor = "multi_thread")]
-async fn a_damaged_wal_stops_the_node_instead_of_dropping_acknowledged_writes() {
+async fn a_damaged_wal_stops_the_node_instead_of_dropping_what_it_holds() {
     let mut cluster = written_and_killed().await;
     let db = cluster.nodes[&1].data_dir.join("db");
     let (wal, len) = files(&db, ".log").into_iter().next().expect("a WAL file");
-    assert!(len > 100_000, "{KEYS} writes are in the WAL ({len} bytes)");
+    assert!(len > 1_000, "the committed indexes of {KEYS} writes are in the WAL ({len} bytes)");
     damage(&wal);
     assert_stops_as_damaged(&mut cluster, "WAL");
+}
+
+/// A Raft log segment is allocated whole, so the middle of the file is zeros: the damage goes
+/// into the middle of what was written. A bad record with more records after it is not cut off
+/// as if a crash had torn it: the node stops instead of coming back without acknowledged writes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_damaged_raft_log_stops_the_node_instead_of_dropping_acknowledged_writes() {
+    let mut cluster = written_and_killed().await;
+    let log = cluster.nodes[&1].data_dir.join("log");
+    let (segment, _) = files(&log, ".segment").into_iter().next().expect("a log segment");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let written = bytes.iter().rposition(|&b| b != 0).expect("records in the segment");
+    assert!(written > 100_000, "{KEYS} writes are in the log ({written} bytes)");
+    for byte in &mut bytes[written / 2..written / 2 + 64] {
+        *byte ^= 0x5a;
+    }
+    std::fs::write(&segment, bytes).unwrap();
+    assert_stops_as_damaged(&mut cluster, "Raft log");
 }
 
 /// A table file cut short (a disk that lost its tail) is found when the database opens.

@@ -1,15 +1,14 @@
-//! The node's one RocksDB: the Raft log, the Raft metadata and the state-machine tables, each in
-//! its own column family.
+//! The node's one RocksDB: the Raft metadata (vote, committed index, purge mark) and the
+//! state-machine tables, each in its own column family. The Raft log itself lives in files of
+//! its own ([`crate::log_files`]).
 //!
-//! Only the log and the Raft metadata go through the write-ahead log. The state machine's writes
-//! skip it: every one of them is derived from log entries, so the log is their durable copy, and
-//! writing them to the WAL as well doubled the bytes each fsync waits for. They reach the disk
-//! when RocksDB flushes the memtables, and flushes are atomic across column families, so what a
-//! crash leaves of the state-machine tables is always the state as of one applied batch, with
-//! the log entries up to it: a node that restarts applies the log again from there (openraft
-//! re-applies the committed entries when it starts). Two rules keep the log able to do that:
-//! the log is never purged past what the state-machine tables hold on disk
-//! ([`AppliedOnDisk`]), and a clean stop flushes.
+//! Only the Raft metadata goes through the write-ahead log. The state machine's writes skip it:
+//! every one of them is derived from log entries, so the log is their durable copy. They reach
+//! the disk when RocksDB flushes the memtables, and flushes are atomic across column families, so
+//! what a crash leaves of the state-machine tables is always the state as of one applied batch:
+//! a node that restarts applies the log again from there (openraft re-applies the committed
+//! entries when it starts). Two rules keep the log able to do that: the log is never purged past
+//! what the state-machine tables hold on disk ([`AppliedOnDisk`]), and a clean stop flushes.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,14 +23,15 @@ use statestore_statemachine::{Batch, StorageError, StorageRead, Table};
 
 use crate::dedup_retention::{DedupHorizon, ExpiredDedupFilterFactory};
 
-/// Log index (u64 BE) → a bincode-encoded log entry.
-pub const LOG_CF: &str = "raft_log";
+/// Where earlier versions kept the Raft log (log index, u64 BE → a bincode-encoded entry). A
+/// node that finds entries here moves them to the log's files when it opens; it stays empty.
+pub const LEGACY_LOG_CF: &str = "raft_log";
 /// Vote, committed log id, last purged log id.
 pub const RAFT_META_CF: &str = "raft_meta";
 
 /// Every column family of the database, in a fixed order.
 pub fn column_families() -> Vec<&'static str> {
-    let mut names = vec![LOG_CF, RAFT_META_CF];
+    let mut names = vec![LEGACY_LOG_CF, RAFT_META_CF];
     names.extend(Table::ALL.iter().map(|table| table.name()));
     names
 }
@@ -45,12 +45,6 @@ pub const MEMTABLE_BUDGET: usize = 64 << 20;
 pub const BLOCK_CACHE_BYTES: usize = 64 << 20;
 /// Bloom filter bits per key of every table file (about 1% false positives).
 pub const BLOOM_BITS_PER_KEY: f64 = 10.0;
-/// How old a table file of the log must be before RocksDB rewrites it only because a RocksDB
-/// snapshot that protected its records was released ("BottommostFiles" compactions). Log
-/// entries are purged long before: without the delay each Raft snapshot build, which reads
-/// through a RocksDB snapshot, was followed by rewrites of the log's table files holding the
-/// same records (15 MB per file at 64 requests in flight).
-pub const LOG_REWRITE_DELAY_SECS: u32 = 24 * 3600;
 /// The memtable bloom filter of the dedup and keys tables, as a fraction of the memtable's bytes:
 /// about 13 bits per record of a full memtable of small records (1.3 MiB per memtable).
 pub const MEMTABLE_BLOOM_RATIO: f64 = 0.02;
@@ -61,7 +55,8 @@ pub fn open(path: &Path, dedup_horizon: &Arc<DedupHorizon>) -> Result<Arc<DB>, r
     let mut options = Options::default();
     options.create_if_missing(true);
     options.create_missing_column_families(true);
-    // The log store's writes go through the WAL, which it syncs; the state machine's skip it.
+    // The Raft metadata goes through the WAL (votes and purge marks synced); the state
+    // machine's writes skip it.
     options.set_max_total_wal_size(256 << 20);
     // A flush writes every column family's memtable as of one moment: the state-machine tables
     // on disk always hold whole apply batches, the same ones, with the log entries they came
@@ -74,8 +69,8 @@ pub fn open(path: &Path, dedup_horizon: &Arc<DedupHorizon>) -> Result<Arc<DB>, r
     options.set_wal_recovery_mode(DBRecoveryMode::TolerateCorruptedTailRecords);
     options.set_paranoid_checks(true);
     // Flushes and compactions sync their files as they go instead of leaving hundreds of MiB of
-    // dirty pages behind: on ext4 a WAL fsync waits for such pages, and the leader's Raft core
-    // waits for its WAL fsync (openraft 0.9), heartbeats included.
+    // dirty pages behind: on ext4 an fsync of the Raft log can wait for such pages, and the
+    // leader's Raft core waits for its log fsync (openraft 0.9), heartbeats included.
     options.set_bytes_per_sync(1 << 20);
     // Memory is bounded for the whole database, not per column family: ten column families with
     // RocksDB's defaults (64 MiB memtables, a block cache each) could hold over a GiB.
@@ -122,7 +117,6 @@ pub fn open(path: &Path, dedup_horizon: &Arc<DedupHorizon>) -> Result<Arc<DB>, r
     for name in &retired {
         db.drop_cf(name)?;
     }
-    db.set_options_cf(cf(&db, LOG_CF), &[("bottommost_file_compaction_delay", &LOG_REWRITE_DELAY_SECS.to_string())])?;
     Ok(Arc::new(db))
 }
 
@@ -327,44 +321,5 @@ mod tests {
         }
         assert_eq!(tables.get(Table::Meta, b"ab").unwrap(), Some(b"m".to_vec()));
         assert_eq!(tables.get(Table::Meta, b"zz").unwrap(), None);
-    }
-
-    /// The log's table files at the bottom level, by name.
-    fn bottom_log_files(db: &DB) -> Vec<String> {
-        let files = db.live_files().unwrap();
-        let bottom = files.iter().filter(|f| f.column_family_name == LOG_CF).map(|f| f.level).max();
-        files
-            .into_iter()
-            .filter(|f| f.column_family_name == LOG_CF && Some(f.level) == bottom)
-            .map(|f| f.name)
-            .collect()
-    }
-
-    /// A snapshot held while the log's entries reach the bottom level (a Raft snapshot being
-    /// built while the log is flushed and compacted) does not make RocksDB rewrite those files
-    /// when it is released: they are purged long before the rewrite could drop anything.
-    #[test]
-    fn releasing_a_snapshot_does_not_rewrite_the_logs_table_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = open(dir.path(), &Default::default()).unwrap();
-        let log = cf(&db, LOG_CF);
-        let view = db.snapshot();
-        for index in 0u64..2_000 {
-            db.put_cf(log, index.to_be_bytes(), [7u8; 300]).unwrap();
-        }
-        flush_all(&db).unwrap();
-        db.compact_range_cf(log, None::<&[u8]>, None::<&[u8]>);
-        let before = bottom_log_files(&db);
-        assert!(!before.is_empty(), "the entries reached a table file");
-        // Writing goes on: the snapshot's release leaves the files older than the newest write.
-        db.put_cf(cf(&db, RAFT_META_CF), b"vote", b"1").unwrap();
-        drop(view);
-        // A snapshot's release marks the files it protected; the rewrite, when it happens,
-        // runs in the background within milliseconds.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while std::time::Instant::now() < deadline {
-            assert_eq!(bottom_log_files(&db), before, "the log's table files were rewritten");
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
     }
 }

@@ -1,11 +1,12 @@
-//! Raft for the state store: openraft's type configuration, the log and state-machine stores on
-//! RocksDB, snapshots, and the HTTP network between nodes.
+//! Raft for the state store: openraft's type configuration, the log store (the log's own files)
+//! and the state-machine store (RocksDB), snapshots, and the HTTP network between nodes.
 //!
 //! # Layout
 //! - [`types`]: [`TypeConfig`] and aliases of openraft's generic types.
 //! - [`db`]: the one RocksDB per node and its column families.
 //! - [`dedup_retention`]: compactions drop expired dedup records.
-//! - [`log_store`]: the log (fsynced before openraft is told it is on disk) and the vote.
+//! - [`log_store`]: the log (fsynced before openraft is told it is on disk) and the vote;
+//!   [`log_files`]: the log's segment files.
 //! - [`state_store`]: apply (one write batch per call), snapshot build and install.
 //! - [`snapshot`]: the snapshot byte format, streamed to and from files, and the directory that
 //!   keeps the latest snapshot.
@@ -31,6 +32,7 @@ pub mod db;
 pub mod dedup_retention;
 pub mod election;
 pub mod identity;
+pub mod log_files;
 pub mod log_store;
 pub mod metrics;
 pub mod network;
@@ -76,6 +78,8 @@ pub enum OpenError {
     State { path: String, detail: String },
     #[error("snapshots in {path}: {detail}")]
     Snapshot { path: String, detail: String, damaged: bool },
+    #[error("opening the Raft log: {0}")]
+    Log(#[from] log_files::LogFileError),
 }
 
 impl OpenError {
@@ -86,6 +90,7 @@ impl OpenError {
             OpenError::Db { source, .. } => source.kind() == rocksdb::ErrorKind::Corruption,
             OpenError::Snapshot { damaged, .. } => *damaged,
             OpenError::State { detail, .. } => detail.contains("checksum"),
+            OpenError::Log(error) => matches!(error, log_files::LogFileError::Damaged { .. }),
             OpenError::Io { .. } => false,
         }
     }
@@ -140,7 +145,8 @@ pub struct NodeStorage {
     pub backup_names: Vec<String>,
 }
 
-/// Opens the storage in `data_dir` (RocksDB in `db/`, the latest snapshot in `snapshots/`).
+/// Opens the storage in `data_dir` (RocksDB in `db/`, the Raft log in `log/`, the latest
+/// snapshot in `snapshots/`).
 /// `restored`: the directory holds a copy of another node's (a restored backup), so it gets a new
 /// incarnation.
 pub fn open(
@@ -183,12 +189,12 @@ pub fn open(
     let machine = StateMachine::new(config);
     let log = LogStore::new(
         db.clone(),
+        &data_dir.join("log"),
         metrics.clone(),
         committed.clone(),
         shared.log_bytes.clone(),
         shared.applied_on_disk.clone(),
-    )
-    .map_err(io_error(data_dir))?;
+    )?;
     let reader = StateReader {
         db: db.clone(),
         machine: machine.clone(),

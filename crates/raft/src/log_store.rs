@@ -1,27 +1,31 @@
-//! The Raft log on RocksDB.
+//! The Raft log: entries in the log's own files ([`crate::log_files`]), the vote and the purge
+//! mark in RocksDB.
 //!
-//! An append writes its entries to the log column family and returns at once, so they are
-//! readable; a dedicated thread then fsyncs the write-ahead log and only then tells openraft the
-//! entries are on disk. Appends that arrive while an fsync runs share the next one (group commit).
-//! Votes are written with a synced write before `save_vote` returns.
+//! An append writes its entries to the current segment file and returns at once, so they are
+//! readable; a dedicated thread then fsyncs the files written to and only then tells openraft
+//! the entries are on disk. Appends that arrive while an fsync runs share the next one (group
+//! commit). Votes are written with a synced write before `save_vote` returns; a purge writes its
+//! mark with a synced write before it deletes segment files.
 
 use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{AnyError, EntryPayload, LogState, OptionalSend, RaftLogReader, StorageIOError};
-use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
+use rocksdb::{IteratorMode, DB};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use statestore_statemachine::Operation;
 
-use crate::db::{cf, synced, AppliedOnDisk, LOG_CF, RAFT_META_CF};
+use crate::db::{cf, synced, AppliedOnDisk, LEGACY_LOG_CF, RAFT_META_CF};
+use crate::log_files::{LogFileError, LogFiles, SegmentFile};
 use crate::metrics::StorageMetrics;
 use crate::state_store::flush_applied;
 use crate::types::{LogEntry, LogId, RaftStorageError, TypeConfig, Vote};
@@ -32,14 +36,18 @@ const VOTE: &[u8] = b"vote";
 const COMMITTED: &[u8] = b"committed";
 const LAST_PURGED: &[u8] = b"last_purged";
 
-fn index_key(index: u64) -> [u8; 8] {
-    index.to_be_bytes()
-}
-
 fn index_of(key: &[u8]) -> Result<u64, RaftStorageError> {
     let bytes: [u8; 8] =
         key.try_into().map_err(|_| StorageIOError::read_logs(AnyError::error("log key is not 8 bytes")))?;
     Ok(u64::from_be_bytes(bytes))
+}
+
+fn read_error(error: LogFileError) -> RaftStorageError {
+    StorageIOError::read_logs(AnyError::error(error.to_string())).into()
+}
+
+fn write_error(error: LogFileError) -> RaftStorageError {
+    StorageIOError::write_logs(AnyError::error(error.to_string())).into()
 }
 
 /// Most entries [`RecentEntries`] keeps.
@@ -51,8 +59,8 @@ pub const RECENT_BYTES: usize = 16 << 20;
 /// appended. openraft reads an entry back right after appending it, on a leader once per
 /// follower to replicate it and once to apply it, on a follower once to apply it; served from
 /// here those reads cost a reference count (the proposal is shared, [`crate::SharedProposal`])
-/// instead of a RocksDB iterator and a decode. The log column
-/// family stays the source of truth: a read this does not cover in full goes there.
+/// instead of a file read and a decode. The log's files stay the source of truth: a read this
+/// does not cover in full goes there.
 #[derive(Default)]
 struct RecentEntries {
     /// Each entry with its encoded size.
@@ -122,16 +130,21 @@ impl RecentEntries {
 #[derive(Clone)]
 pub struct LogReader {
     db: Arc<DB>,
+    files: Arc<RwLock<LogFiles>>,
     recent: Arc<Mutex<RecentEntries>>,
+}
+
+fn read_meta<T: DeserializeOwned>(db: &DB, key: &[u8]) -> Result<Option<T>, RaftStorageError> {
+    let read = |e: &dyn std::error::Error| StorageIOError::read(AnyError::error(e.to_string()));
+    match db.get_cf(cf(db, RAFT_META_CF), key).map_err(|e| read(&e))? {
+        Some(bytes) => Ok(Some(decode(&bytes).map_err(|e| read(&e))?)),
+        None => Ok(None),
+    }
 }
 
 impl LogReader {
     fn meta<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, RaftStorageError> {
-        let read = |e: &dyn std::error::Error| StorageIOError::read(AnyError::error(e.to_string()));
-        match self.db.get_cf(cf(&self.db, RAFT_META_CF), key).map_err(|e| read(&e))? {
-            Some(bytes) => Ok(Some(decode(&bytes).map_err(|e| read(&e))?)),
-            None => Ok(None),
-        }
+        read_meta(&self.db, key)
     }
 
     /// The id of the last entry in the log, or of the last one purged when the log is empty.
@@ -143,13 +156,8 @@ impl LogReader {
     /// Every cluster name that an entry of this log after `index` gives (`NameCluster`,
     /// `RenameCluster`), in log order.
     pub(crate) fn cluster_names_after(&self, index: u64) -> Result<Vec<String>, RaftStorageError> {
-        let start = index_key(index.saturating_add(1));
-        let iter = self.db.iterator_cf(cf(&self.db, LOG_CF), IteratorMode::From(&start, Direction::Forward));
         let mut names = Vec::new();
-        for item in iter {
-            let (key, value) = item.map_err(|e| StorageIOError::read_logs(&e))?;
-            let index = index_of(&key)?;
-            let entry: LogEntry = decode(&value).map_err(|e| StorageIOError::read_log_at_index(index, &e))?;
+        for entry in self.read_files(index.saturating_add(1), u64::MAX)? {
             if let EntryPayload::Normal(proposal) = &entry.payload {
                 names.extend(proposal.entries.iter().filter_map(|entry| match &entry.operation {
                     Operation::NameCluster { id, .. } | Operation::RenameCluster { id, .. } => Some(id.clone()),
@@ -161,15 +169,23 @@ impl LogReader {
     }
 
     fn last_entry_id(&self) -> Result<Option<LogId>, RaftStorageError> {
-        let mut iter = self.db.iterator_cf(cf(&self.db, LOG_CF), IteratorMode::End);
-        match iter.next() {
-            Some(item) => {
-                let (_, value) = item.map_err(|e| StorageIOError::read_logs(&e))?;
-                let entry: LogEntry = decode(&value).map_err(|e| StorageIOError::read_logs(&e))?;
-                Ok(Some(entry.log_id))
-            }
-            None => Ok(None),
+        let Some(last) = self.files.read().unwrap().last_index() else { return Ok(None) };
+        if let Some(mut entries) = self.recent.lock().unwrap().get(last, last.saturating_add(1)) {
+            return Ok(entries.pop().map(|entry| entry.log_id));
         }
+        Ok(self.read_files(last, last.saturating_add(1))?.pop().map(|entry| entry.log_id))
+    }
+
+    /// The entries `start..end` the files hold, decoded.
+    fn read_files(&self, start: u64, end: u64) -> Result<Vec<LogEntry>, RaftStorageError> {
+        let files = self.files.read().unwrap();
+        let (Some(first), Some(last)) = (files.first_index(), files.last_index()) else { return Ok(Vec::new()) };
+        let mut entries = Vec::new();
+        for index in start.max(first)..end.min(last.saturating_add(1)) {
+            let Some(bytes) = files.read(index).map_err(read_error)? else { break };
+            entries.push(decode(&bytes).map_err(|e| StorageIOError::read_log_at_index(index, &e))?);
+        }
+        Ok(entries)
     }
 }
 
@@ -191,25 +207,21 @@ impl RaftLogReader<TypeConfig> for LogReader {
         if let Some(entries) = end.and_then(|end| self.recent.lock().unwrap().get(start, end)) {
             return Ok(entries);
         }
-        let mut entries = Vec::new();
-        let iter = self.db.iterator_cf(cf(&self.db, LOG_CF), IteratorMode::From(&index_key(start), Direction::Forward));
-        for item in iter {
-            let (key, value) = item.map_err(|e| StorageIOError::read_logs(&e))?;
-            let index = index_of(&key)?;
-            if !range.contains(&index) {
-                break;
-            }
-            entries.push(decode(&value).map_err(|e| StorageIOError::read_log_at_index(index, &e))?);
-        }
-        Ok(entries)
+        self.read_files(start, end.unwrap_or(u64::MAX))
     }
+}
+
+/// Entries appended and the files they were written to, waiting for the fsync thread.
+struct PendingFlush {
+    callback: LogFlushed<TypeConfig>,
+    files: Vec<Arc<SegmentFile>>,
 }
 
 /// The Raft log store. Owned by openraft.
 pub struct LogStore {
     reader: LogReader,
     /// `None` only while dropping.
-    flushes: Option<mpsc::Sender<LogFlushed<TypeConfig>>>,
+    flushes: Option<mpsc::Sender<PendingFlush>>,
     /// Joined on drop, so the thread's handle on the database is gone when the store is: a
     /// database closing on a detached thread can race the process's exit.
     flusher: Option<std::thread::JoinHandle<()>>,
@@ -229,21 +241,30 @@ impl Drop for LogStore {
 }
 
 impl LogStore {
-    /// A log store over `db`. `committed` follows the committed log index (0 before any); the
-    /// log is purged no further than `applied_on_disk`.
+    /// A log store with its entries in `dir` and its vote and purge mark in `db`. `committed`
+    /// follows the committed log index (0 before any); the log is purged no further than
+    /// `applied_on_disk`. A log that an earlier version kept in `db` moves to `dir` first.
     pub(crate) fn new(
         db: Arc<DB>,
+        dir: &Path,
         metrics: StorageMetrics,
         committed: Arc<AtomicU64>,
         log_bytes: Arc<LogBytes>,
         applied_on_disk: Arc<AppliedOnDisk>,
-    ) -> io::Result<LogStore> {
+    ) -> Result<LogStore, crate::OpenError> {
+        let mut files = open_files(&db, dir)?;
+        let last_purged: Option<LogId> = read_meta(&db, LAST_PURGED)
+            .map_err(|e| crate::OpenError::State { path: dir.display().to_string(), detail: e.to_string() })?;
+        if let Some(purged) = last_purged {
+            // Also deletes segments a purge that a crash interrupted left behind.
+            files.purge(purged.index).map_err(crate::OpenError::Log)?;
+        }
         let (flushes, pending) = mpsc::channel();
-        let flusher_db = db.clone();
         let flusher = std::thread::Builder::new()
             .name("raft-log-fsync".into())
-            .spawn(move || flush_loop(&flusher_db, &pending, &metrics))?;
-        let reader = LogReader { db, recent: Arc::default() };
+            .spawn(move || flush_loop(&pending, &metrics))
+            .map_err(|source| crate::OpenError::Io { path: dir.display().to_string(), source })?;
+        let reader = LogReader { db, files: Arc::new(RwLock::new(files)), recent: Arc::default() };
         Ok(LogStore { reader, flushes: Some(flushes), flusher: Some(flusher), committed, log_bytes, applied_on_disk })
     }
 
@@ -266,16 +287,69 @@ impl LogStore {
     }
 }
 
-/// Waits for appends, fsyncs the WAL once for all that are waiting, then reports them in order.
-fn flush_loop(db: &DB, pending: &mpsc::Receiver<LogFlushed<TypeConfig>>, metrics: &StorageMetrics) {
+/// Opens the log's files in `dir`, moving into them the log an earlier version kept in RocksDB
+/// (deleted from there once the files hold it durably).
+fn open_files(db: &DB, dir: &Path) -> Result<LogFiles, crate::OpenError> {
+    let legacy = db.cf_handle(LEGACY_LOG_CF);
+    let legacy_entries = legacy.is_some_and(|log| db.iterator_cf(log, IteratorMode::Start).next().is_some());
+    if let (Some(log), true, false) = (legacy, legacy_entries, dir.exists()) {
+        let io = |path: &Path| {
+            let path = path.display().to_string();
+            move |source| crate::OpenError::Io { path, source }
+        };
+        let moving = dir.with_extension("moving");
+        if moving.exists() {
+            std::fs::remove_dir_all(&moving).map_err(io(&moving))?;
+        }
+        let (mut files, _) = LogFiles::open(&moving).map_err(crate::OpenError::Log)?;
+        let mut moved = 0u64;
+        for item in db.iterator_cf(log, IteratorMode::Start) {
+            let (key, value) = item.map_err(|source| crate::OpenError::Db { path: LEGACY_LOG_CF.into(), source })?;
+            let index = index_of(&key)
+                .map_err(|e| crate::OpenError::State { path: LEGACY_LOG_CF.into(), detail: e.to_string() })?;
+            files.append([(index, value.as_ref())]).map_err(crate::OpenError::Log)?;
+            moved += 1;
+        }
+        files.sync_all().map_err(crate::OpenError::Log)?;
+        drop(files);
+        std::fs::rename(&moving, dir).map_err(io(dir))?;
+        if let Some(parent) = dir.parent() {
+            std::fs::File::open(parent).and_then(|d| d.sync_all()).map_err(io(parent))?;
+        }
+        tracing::info!(entries = moved, dir = %dir.display(), "moved the Raft log out of RocksDB into its own files");
+    }
+    if let (Some(log), true) = (legacy, legacy_entries) {
+        db.delete_range_cf(log, [0u8; 8], [0xffu8; 8])
+            .and_then(|()| db.delete_cf(log, [0xffu8; 8]))
+            .map_err(|source| crate::OpenError::Db { path: LEGACY_LOG_CF.into(), source })?;
+    }
+    let (files, recovery) = LogFiles::open(dir).map_err(crate::OpenError::Log)?;
+    if recovery.deleted_segments > 0 {
+        tracing::warn!(
+            segments = recovery.deleted_segments,
+            "deleted Raft log segments after an unfinished write (entries never acknowledged)"
+        );
+    }
+    Ok(files)
+}
+
+/// Waits for appends, fsyncs the files they wrote to once for all that are waiting, then reports
+/// them in order.
+fn flush_loop(pending: &mpsc::Receiver<PendingFlush>, metrics: &StorageMetrics) {
     while let Ok(first) = pending.recv() {
-        let mut callbacks = vec![first];
-        callbacks.extend(pending.try_iter());
+        let mut waiting = vec![first];
+        waiting.extend(pending.try_iter());
+        let mut files: Vec<&Arc<SegmentFile>> = Vec::new();
+        for file in waiting.iter().flat_map(|flush| &flush.files) {
+            if !files.iter().any(|seen| Arc::ptr_eq(seen, file)) {
+                files.push(file);
+            }
+        }
         let started = Instant::now();
-        let result = db.flush_wal(true);
+        let result = files.iter().try_for_each(|file| file.sync()).map_err(|e| e.to_string());
         metrics.wal_fsync_seconds.observe(started.elapsed().as_secs_f64());
-        for callback in callbacks {
-            callback.log_io_completed(result.as_ref().map(|_| ()).map_err(|e| io::Error::other(e.to_string())));
+        for flush in waiting {
+            flush.callback.log_io_completed(result.clone().map_err(io::Error::other));
         }
     }
 }
@@ -331,23 +405,26 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = LogEntry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let log = cf(self.db(), LOG_CF);
-        let mut batch = WriteBatch::default();
         let mut written = Vec::new();
         for entry in entries {
             let bytes = encode(&entry).map_err(|e| StorageIOError::write_log_entry(entry.log_id, &e))?;
             self.log_bytes.add(bytes.len() as u64);
-            batch.put_cf(log, index_key(entry.log_id.index), &bytes);
-            written.push((entry, bytes.len()));
+            written.push((entry, bytes));
         }
         // Written (and so readable) now; on disk once the flusher's fsync returns.
-        self.db().write(batch).map_err(|e| StorageIOError::write_logs(&e))?;
+        let files = self
+            .reader
+            .files
+            .write()
+            .unwrap()
+            .append(written.iter().map(|(entry, bytes)| (entry.log_id.index, bytes.as_slice())))
+            .map_err(write_error)?;
         let mut recent = self.reader.recent.lock().unwrap();
-        for (entry, size) in written {
-            recent.push(entry, size);
+        for (entry, bytes) in written {
+            recent.push(entry, bytes.len());
         }
         drop(recent);
-        let sent = self.flushes.as_ref().is_some_and(|flushes| flushes.send(callback).is_ok());
+        let sent = self.flushes.as_ref().is_some_and(|flushes| flushes.send(PendingFlush { callback, files }).is_ok());
         if !sent {
             return Err(StorageIOError::write_logs(AnyError::error("the log fsync thread has stopped")).into());
         }
@@ -357,14 +434,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
         // Forgotten before they are deleted, so no read is served what the log no longer holds.
         self.reader.recent.lock().unwrap().truncate(log_id.index);
-        let log = cf(self.db(), LOG_CF);
-        let mut batch = WriteBatch::default();
-        for item in self.db().iterator_cf(log, IteratorMode::From(&index_key(log_id.index), Direction::Forward)) {
-            let (key, _) = item.map_err(|e| StorageIOError::write_logs(&e))?;
-            batch.delete_cf(log, key);
-        }
-        self.db().write(batch).map_err(|e| StorageIOError::write_logs(&e))?;
-        Ok(())
+        self.reader.files.write().unwrap().truncate(log_id.index).map_err(write_error)
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
@@ -374,14 +444,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let on_disk = flush_applied(self.db(), &self.applied_on_disk)?;
             tracing::info!(purge = log_id.index, on_disk, "flushed the applied state before purging the log");
         }
-        let mut batch = WriteBatch::default();
-        let bytes = encode(&log_id).map_err(|e| StorageIOError::write(&e))?;
-        // The purge mark and the deletion are one batch: the log never has a hole below it.
-        batch.put_cf(cf(self.db(), RAFT_META_CF), LAST_PURGED, bytes);
-        batch.delete_range_cf(cf(self.db(), LOG_CF), index_key(0), index_key(log_id.index.saturating_add(1)));
-        self.db().write(batch).map_err(|e| StorageIOError::write_logs(&e))?;
+        // The mark is on disk before any file goes: the log never has a hole below it.
+        self.put_meta(LAST_PURGED, &log_id, true)?;
         self.reader.recent.lock().unwrap().purge(log_id.index);
-        Ok(())
+        self.reader.files.write().unwrap().purge(log_id.index).map_err(write_error)
     }
 }
 

@@ -1,0 +1,671 @@
+//! The Raft log's files: records appended to segment files allocated whole when they are
+//! created, made durable with `fdatasync`.
+//!
+//! Why files of their own instead of a RocksDB column family: RocksDB's write-ahead log grows
+//! with every write, and on ext4 an `fdatasync` of a file that grew must also commit the file's
+//! new size to the filesystem's journal. A segment is allocated at its full size when it is
+//! created (`fallocate`), so an append writes inside the file and its `fdatasync` writes the
+//! data blocks alone. On this project's test machine an fdatasync after a 6 KB append took
+//! 0.8–2.3 ms on average (p90 2–4 ms) in a growing file and 0.15–0.22 ms (p90 0.2 ms) inside an
+//! allocated one; every write waits for that fsync on the leader and on a follower.
+//!
+//! A directory holds `<first index, 20 digits>.segment` files, each holding the records from its
+//! first index on, one after the other without gaps. A record is a 16-byte header (payload
+//! length, u32 little-endian; CRC-32 of the index and the payload, u32; the index, u64), the
+//! payload, and zeros up to a multiple of 16 bytes. Records start at multiples of 16, so a header
+//! never straddles a disk sector: a crash leaves it whole or unwritten (zeros). Every byte after
+//! a segment's last record is zero.
+//!
+//! Opening reads every segment. A header of zeros ends a segment's records. A record whose
+//! checksum fails is a write torn by a crash if some 512-byte sector of it is all zeros (never
+//! written: it was not fsynced, so never acknowledged); the log is cut there. Any other bad
+//! record (a checksum that fails with every sector written, an index out of order, a length past
+//! the file's end) is damage, and opening fails instead of dropping what follows it. Bytes left
+//! after a cut, or after the last record (a crash can write later sectors and not earlier ones),
+//! are zeroed, and later segments deleted, before the log is used again: a stale record must
+//! never look like the continuation of new ones.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Bytes of a new segment (a larger record gets a segment of its own size).
+pub const SEGMENT_BYTES: u64 = 64 << 20;
+const HEADER: usize = 16;
+const ALIGN: u64 = 16;
+const SECTOR: usize = 512;
+const SUFFIX: &str = ".segment";
+
+/// What can go wrong with the log's files.
+#[derive(Debug, thiserror::Error)]
+pub enum LogFileError {
+    #[error("{path}: {source}")]
+    Io { path: String, source: io::Error },
+    #[error("the Raft log file {path} is damaged at byte {offset}: {detail}")]
+    Damaged { path: String, offset: u64, detail: String },
+    #[error("the Raft log cannot take entry {index}: {detail}")]
+    OutOfOrder { index: u64, detail: String },
+}
+
+fn io_error(path: &Path) -> impl FnOnce(io::Error) -> LogFileError + '_ {
+    move |source| LogFileError::Io { path: path.display().to_string(), source }
+}
+
+/// One segment file, shared with the thread that fsyncs it.
+#[derive(Debug)]
+pub struct SegmentFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl SegmentFile {
+    /// Makes what was written to the file durable (its size does not change, so no metadata).
+    pub fn sync(&self) -> Result<(), LogFileError> {
+        self.file.sync_data().map_err(io_error(&self.path))
+    }
+}
+
+struct Segment {
+    /// The index of its first record (the one it holds or would hold).
+    first: u64,
+    file: Arc<SegmentFile>,
+    /// Where each record starts: record `first + i` at `offsets[i]`.
+    offsets: Vec<u64>,
+    /// Bytes in use; everything from here on is zero.
+    head: u64,
+    capacity: u64,
+}
+
+impl Segment {
+    fn next_index(&self) -> u64 {
+        self.first + self.offsets.len() as u64
+    }
+
+    fn last_index(&self) -> Option<u64> {
+        (!self.offsets.is_empty()).then(|| self.next_index() - 1)
+    }
+}
+
+/// The log's records, in files; see the module's documentation.
+pub struct LogFiles {
+    dir: PathBuf,
+    /// In index order, contiguous.
+    segments: Vec<Segment>,
+    /// Records up to here are purged: never read, gone with their segment.
+    purged: Option<u64>,
+}
+
+/// What opening found and repaired, for the log.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Bytes zeroed after the last whole record (an unfinished write).
+    pub zeroed_bytes: u64,
+    /// Segments deleted after a cut.
+    pub deleted_segments: usize,
+}
+
+fn padded(len: u64) -> u64 {
+    len.div_ceil(ALIGN) * ALIGN
+}
+
+fn checksum(index: u64, payload: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&index.to_le_bytes());
+    hasher.update(payload);
+    hasher.finalize()
+}
+
+/// Appends one record (header, payload, padding) to `buffer`.
+fn encode_record(buffer: &mut Vec<u8>, index: u64, payload: &[u8]) {
+    let start = buffer.len();
+    buffer.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    buffer.extend_from_slice(&checksum(index, payload).to_le_bytes());
+    buffer.extend_from_slice(&index.to_le_bytes());
+    buffer.extend_from_slice(payload);
+    let end = start + padded((buffer.len() - start) as u64) as usize;
+    buffer.resize(end, 0);
+}
+
+/// The header at the start of `bytes`: payload length, checksum, index.
+fn decode_header(bytes: &[u8]) -> (u64, u32, u64) {
+    let len = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
+    let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
+    let index = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+    (u64::from(len), crc, index)
+}
+
+/// Whether a 512-byte sector of `file` (its bytes) that starts inside the record at
+/// `start..end` is all zeros: never written. The sector holding the header is not one of them
+/// (the header is not zeros). A sector is checked whole, padding and what follows included, so
+/// zeros at the end of a payload alone do not count.
+fn has_unwritten_sector(file: &[u8], start: usize, end: usize) -> bool {
+    let mut sector = (start / SECTOR + 1) * SECTOR;
+    while sector < end {
+        if file[sector..(sector + SECTOR).min(file.len())].iter().all(|&b| b == 0) {
+            return true;
+        }
+        sector += SECTOR;
+    }
+    false
+}
+
+fn segment_name(first: u64) -> String {
+    format!("{first:020}{SUFFIX}")
+}
+
+fn sync_dir(dir: &Path) -> Result<(), LogFileError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
+}
+
+/// Allocates `len` bytes of `file` for real (not a sparse file: writing into a hole allocates
+/// blocks, and the fsync that follows commits that to the journal). Falls back to a sparse
+/// file where the filesystem cannot allocate ahead.
+fn allocate(file: &File, len: u64) -> io::Result<()> {
+    let len = libc::off_t::try_from(len).map_err(|_| io::Error::other("segment too large"))?;
+    // SAFETY: fallocate on an open descriptor; no memory is passed.
+    let result = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+    if result == 0 {
+        return Ok(());
+    }
+    let error = io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => file.set_len(len as u64),
+        _ => Err(error),
+    }
+}
+
+/// Writes zeros over `start..end` of `file`.
+fn zero(file: &SegmentFile, start: u64, end: u64) -> Result<(), LogFileError> {
+    const CHUNK: u64 = 1 << 20;
+    let zeros = vec![0u8; CHUNK.min(end.saturating_sub(start)) as usize];
+    let mut at = start;
+    while at < end {
+        let n = CHUNK.min(end - at) as usize;
+        file.file.write_all_at(&zeros[..n], at).map_err(io_error(&file.path))?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
+impl LogFiles {
+    /// Opens the log in `dir` (created if missing), repairing an unfinished write at its end;
+    /// damage anywhere else fails the open.
+    pub fn open(dir: &Path) -> Result<(LogFiles, Recovery), LogFileError> {
+        std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+        let mut names: Vec<(u64, PathBuf)> = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
+            let path = entry.map_err(io_error(dir))?.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+            if name.ends_with(".tmp") {
+                // A segment whose creation did not finish: it never held a record.
+                std::fs::remove_file(&path).map_err(io_error(&path))?;
+                continue;
+            }
+            let Some(first) = name.strip_suffix(SUFFIX).and_then(|n| n.parse::<u64>().ok()) else { continue };
+            names.push((first, path));
+        }
+        names.sort();
+        let mut log = LogFiles { dir: dir.to_path_buf(), segments: Vec::new(), purged: None };
+        let mut recovery = Recovery::default();
+        let mut cut = false;
+        for (first, path) in names {
+            if cut {
+                std::fs::remove_file(&path).map_err(io_error(&path))?;
+                recovery.deleted_segments += 1;
+                continue;
+            }
+            if let Some(previous) = log.segments.last() {
+                if previous.next_index() != first {
+                    return Err(LogFileError::Damaged {
+                        path: path.display().to_string(),
+                        offset: 0,
+                        detail: format!(
+                            "the segment starts at entry {first}, but the one before it ends before entry {}",
+                            previous.next_index()
+                        ),
+                    });
+                }
+            }
+            let (segment, zeroed, ended_early) = Self::read_segment(first, &path)?;
+            recovery.zeroed_bytes += zeroed;
+            cut = ended_early;
+            log.segments.push(segment);
+        }
+        if recovery.deleted_segments > 0 {
+            sync_dir(dir)?;
+        }
+        Ok((log, recovery))
+    }
+
+    /// Reads one segment's records; zeroes what follows its last whole record. Returns the
+    /// segment, the bytes zeroed, and whether its records ended before a torn write (so later
+    /// segments hold nothing that was acknowledged).
+    fn read_segment(first: u64, path: &Path) -> Result<(Segment, u64, bool), LogFileError> {
+        let bytes = std::fs::read(path).map_err(io_error(path))?;
+        let damaged = |offset: usize, detail: String| LogFileError::Damaged {
+            path: path.display().to_string(),
+            offset: offset as u64,
+            detail,
+        };
+        let mut offsets = Vec::new();
+        let mut at = 0usize;
+        let mut torn = false;
+        while at + HEADER <= bytes.len() {
+            let header = &bytes[at..at + HEADER];
+            if header.iter().all(|&b| b == 0) {
+                break;
+            }
+            let (len, crc, index) = decode_header(header);
+            let expected = first + offsets.len() as u64;
+            if index != expected {
+                return Err(damaged(at, format!("a record of entry {index} where entry {expected} belongs")));
+            }
+            let end = at + HEADER + len as usize;
+            if end > bytes.len() {
+                return Err(damaged(at, format!("a record of {len} bytes runs past the end of the file")));
+            }
+            if checksum(index, &bytes[at + HEADER..end]) != crc {
+                if has_unwritten_sector(&bytes, at, end) {
+                    torn = true;
+                    break;
+                }
+                return Err(damaged(at, format!("the checksum of entry {index} does not match")));
+            }
+            offsets.push(at as u64);
+            at = padded(end as u64) as usize;
+        }
+        let head = at.min(bytes.len()) as u64;
+        let leftover = bytes[head as usize..].iter().rposition(|&b| b != 0).map(|last| head + last as u64 + 1);
+        let file = OpenOptions::new().read(true).write(true).open(path).map_err(io_error(path))?;
+        let file = Arc::new(SegmentFile { path: path.to_path_buf(), file });
+        let mut zeroed = 0;
+        if let Some(end) = leftover {
+            zero(&file, head, end)?;
+            file.sync()?;
+            zeroed = end - head;
+            tracing::warn!(
+                path = %path.display(),
+                at = head,
+                bytes = zeroed,
+                "zeroed an unfinished write after the last whole record of the Raft log"
+            );
+        }
+        let segment = Segment { first, file, offsets, head, capacity: bytes.len() as u64 };
+        Ok((segment, zeroed, torn || leftover.is_some()))
+    }
+
+    /// The index of the first record held and not purged, if any.
+    pub fn first_index(&self) -> Option<u64> {
+        let first = self.segments.iter().find(|s| !s.offsets.is_empty())?.first;
+        let first = self.purged.map_or(first, |purged| first.max(purged.saturating_add(1)));
+        self.last_index().filter(|&last| last >= first).map(|_| first)
+    }
+
+    /// The index of the last record held, if any.
+    pub fn last_index(&self) -> Option<u64> {
+        self.segments.iter().rev().find_map(Segment::last_index)
+    }
+
+    /// The index the next append must have, if the log holds or expects any.
+    fn next_index(&self) -> Option<u64> {
+        self.segments.last().map(Segment::next_index)
+    }
+
+    /// Writes `records` (index, payload), in order, after the last one; the first must follow
+    /// the last record held (any index when the log is empty). Returns the files written to,
+    /// which must be synced before the records count as durable.
+    pub fn append<'a>(
+        &mut self,
+        records: impl IntoIterator<Item = (u64, &'a [u8])>,
+    ) -> Result<Vec<Arc<SegmentFile>>, LogFileError> {
+        let mut touched: Vec<Arc<SegmentFile>> = Vec::new();
+        let mut buffer = Vec::new();
+        let mut starts = Vec::new();
+        for (index, payload) in records {
+            if let Some(next) = self.next_index() {
+                if index != next {
+                    return Err(LogFileError::OutOfOrder { index, detail: format!("entry {next} comes next") });
+                }
+            }
+            let size = padded((HEADER + payload.len()) as u64);
+            let fits = self.segments.last().is_some_and(|s| s.head + buffer.len() as u64 + size <= s.capacity);
+            if !fits {
+                self.write_buffered(&mut buffer, &mut starts, &mut touched)?;
+                self.create_segment(index, size.max(SEGMENT_BYTES))?;
+            }
+            starts.push(buffer.len() as u64);
+            encode_record(&mut buffer, index, payload);
+            // Counted now so that the next record's index check sees it.
+            if let Some(segment) = self.segments.last_mut() {
+                segment.offsets.push(u64::MAX);
+            }
+        }
+        self.write_buffered(&mut buffer, &mut starts, &mut touched)?;
+        Ok(touched)
+    }
+
+    /// Writes `buffer` at the last segment's head and records where its records start.
+    fn write_buffered(
+        &mut self,
+        buffer: &mut Vec<u8>,
+        starts: &mut Vec<u64>,
+        touched: &mut Vec<Arc<SegmentFile>>,
+    ) -> Result<(), LogFileError> {
+        if buffer.is_empty() {
+            return Ok(());
+        }
+        let segment = self.segments.last_mut().expect("records are buffered into a segment");
+        let written = segment.file.file.write_all_at(buffer, segment.head);
+        let pending = segment.offsets.len() - starts.len();
+        if let Err(source) = written {
+            // Nothing of these counts as held; what reached the file is zeroed by the next open
+            // or overwritten by the next append at the same head.
+            segment.offsets.truncate(pending);
+            buffer.clear();
+            starts.clear();
+            return Err(LogFileError::Io { path: segment.file.path.display().to_string(), source });
+        }
+        for (slot, start) in segment.offsets[pending..].iter_mut().zip(starts.iter()) {
+            *slot = segment.head + start;
+        }
+        segment.head += buffer.len() as u64;
+        if !touched.iter().any(|file| Arc::ptr_eq(file, &segment.file)) {
+            touched.push(segment.file.clone());
+        }
+        buffer.clear();
+        starts.clear();
+        Ok(())
+    }
+
+    /// Creates an allocated, empty segment whose first record will be `first`, durably.
+    fn create_segment(&mut self, first: u64, capacity: u64) -> Result<(), LogFileError> {
+        let path = self.dir.join(segment_name(first));
+        let temporary = self.dir.join(format!("{}.tmp", segment_name(first)));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&temporary)
+            .map_err(io_error(&temporary))?;
+        allocate(&file, capacity).map_err(io_error(&temporary))?;
+        file.sync_all().map_err(io_error(&temporary))?;
+        std::fs::rename(&temporary, &path).map_err(io_error(&path))?;
+        sync_dir(&self.dir)?;
+        let file = Arc::new(SegmentFile { path, file });
+        self.segments.push(Segment { first, file, offsets: Vec::new(), head: 0, capacity });
+        Ok(())
+    }
+
+    /// The payload of record `index`, if the log holds it (and it is not purged).
+    pub fn read(&self, index: u64) -> Result<Option<Vec<u8>>, LogFileError> {
+        if self.purged.is_some_and(|purged| index <= purged) {
+            return Ok(None);
+        }
+        let position = self.segments.partition_point(|s| s.first <= index);
+        let Some(segment) = position.checked_sub(1).map(|i| &self.segments[i]) else { return Ok(None) };
+        let Some(&offset) = segment.offsets.get((index - segment.first) as usize) else { return Ok(None) };
+        let path = &segment.file.path;
+        let damaged = |detail: String| LogFileError::Damaged { path: path.display().to_string(), offset, detail };
+        let mut header = [0u8; HEADER];
+        segment.file.file.read_exact_at(&mut header, offset).map_err(io_error(path))?;
+        let (len, crc, held) = decode_header(&header);
+        if held != index || offset + HEADER as u64 + len > segment.head {
+            return Err(damaged(format!("the record of entry {index} no longer reads back")));
+        }
+        let mut payload = vec![0u8; len as usize];
+        segment.file.file.read_exact_at(&mut payload, offset + HEADER as u64).map_err(io_error(path))?;
+        if checksum(index, &payload) != crc {
+            return Err(damaged(format!("the checksum of entry {index} does not match")));
+        }
+        Ok(Some(payload))
+    }
+
+    /// Removes the records from `index` on, durably (zeroed and synced, later segments deleted).
+    pub fn truncate(&mut self, index: u64) -> Result<(), LogFileError> {
+        let mut deleted = false;
+        while let Some(segment) = self.segments.last() {
+            if segment.first < index || (segment.first == index && self.segments.len() == 1) {
+                break;
+            }
+            let path = segment.file.path.clone();
+            self.segments.pop();
+            std::fs::remove_file(&path).map_err(io_error(&path))?;
+            deleted = true;
+        }
+        if let Some(segment) = self.segments.last_mut() {
+            let keep = (index.saturating_sub(segment.first) as usize).min(segment.offsets.len());
+            if keep < segment.offsets.len() {
+                let from = segment.offsets[keep];
+                zero(&segment.file, from, segment.head)?;
+                segment.file.sync()?;
+                segment.offsets.truncate(keep);
+                segment.head = from;
+            }
+        }
+        if deleted {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    /// Purges the records up to `index`: they are no longer read, and the segments that hold
+    /// nothing else are deleted. Records at or below it in a segment that also holds later ones
+    /// stay on disk until that segment goes.
+    pub fn purge(&mut self, index: u64) -> Result<(), LogFileError> {
+        self.purged = self.purged.max(Some(index));
+        let mut deleted = false;
+        while let Some(segment) = self.segments.first() {
+            if segment.next_index() > index.saturating_add(1) {
+                break;
+            }
+            let path = segment.file.path.clone();
+            self.segments.remove(0);
+            std::fs::remove_file(&path).map_err(io_error(&path))?;
+            deleted = true;
+        }
+        if deleted {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    /// Makes every record written so far durable.
+    pub fn sync_all(&self) -> Result<(), LogFileError> {
+        self.segments.iter().try_for_each(|segment| segment.file.sync())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payload(index: u64) -> Vec<u8> {
+        format!("entry {index} ").repeat(1 + (index % 7) as usize).into_bytes()
+    }
+
+    fn append(log: &mut LogFiles, indexes: std::ops::RangeInclusive<u64>) {
+        let payloads: Vec<(u64, Vec<u8>)> = indexes.map(|i| (i, payload(i))).collect();
+        let touched = log.append(payloads.iter().map(|(i, p)| (*i, p.as_slice()))).unwrap();
+        for file in touched {
+            file.sync().unwrap();
+        }
+    }
+
+    fn held(log: &LogFiles) -> Vec<u64> {
+        let (Some(first), Some(last)) = (log.first_index(), log.last_index()) else { return Vec::new() };
+        (first..=last)
+            .inspect(|&i| assert_eq!(log.read(i).unwrap(), Some(payload(i)), "entry {i} reads back"))
+            .collect()
+    }
+
+    fn segment_paths(dir: &Path) -> Vec<PathBuf> {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+        paths.sort();
+        paths
+    }
+
+    #[test]
+    fn records_read_back_after_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, recovery) = LogFiles::open(dir.path()).unwrap();
+        assert_eq!(recovery, Recovery::default());
+        assert_eq!(log.last_index(), None);
+        append(&mut log, 5..=40);
+        assert_eq!(held(&log), (5..=40).collect::<Vec<_>>());
+        assert_eq!(log.read(4).unwrap(), None);
+        assert_eq!(log.read(41).unwrap(), None);
+        drop(log);
+        let (log, recovery) = LogFiles::open(dir.path()).unwrap();
+        assert_eq!(recovery, Recovery::default(), "a clean log needs no repair");
+        assert_eq!(held(&log), (5..=40).collect::<Vec<_>>());
+        let segment = &segment_paths(dir.path())[0];
+        assert_eq!(std::fs::metadata(segment).unwrap().len(), SEGMENT_BYTES, "allocated whole");
+    }
+
+    #[test]
+    fn an_append_must_follow_the_last_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = LogFiles::open(dir.path()).unwrap();
+        append(&mut log, 1..=3);
+        let error = log.append([(5, &b"x"[..])]).unwrap_err();
+        assert!(error.to_string().contains("entry 4 comes next"), "{error}");
+        assert_eq!(held(&log), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_truncation_holds_across_a_reopen_and_new_records_replace_the_old() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = LogFiles::open(dir.path()).unwrap();
+        append(&mut log, 1..=20);
+        log.truncate(11).unwrap();
+        assert_eq!(log.last_index(), Some(10));
+        // Shorter records than before: the old ones behind them must not come back.
+        log.append([(11, &b"new"[..])]).unwrap()[0].sync().unwrap();
+        drop(log);
+        let (log, recovery) = LogFiles::open(dir.path()).unwrap();
+        assert_eq!(recovery, Recovery::default());
+        assert_eq!(log.last_index(), Some(11));
+        assert_eq!(log.read(11).unwrap(), Some(b"new".to_vec()));
+        assert_eq!(log.read(10).unwrap(), Some(payload(10)));
+        // Truncating everything leaves an empty log that takes the same index again.
+        let (mut log, _) = LogFiles::open(dir.path()).unwrap();
+        log.truncate(1).unwrap();
+        assert_eq!(log.last_index(), None);
+        append(&mut log, 1..=2);
+        assert_eq!(held(&log), vec![1, 2]);
+    }
+
+    #[test]
+    fn segments_roll_over_and_purges_delete_whole_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = LogFiles::open(dir.path()).unwrap();
+        // Records larger than a segment get one each.
+        let big = vec![7u8; SEGMENT_BYTES as usize];
+        log.append([(1, &b"small"[..]), (2, &big[..]), (3, &b"after"[..])]).unwrap();
+        assert_eq!(segment_paths(dir.path()).len(), 3);
+        assert_eq!(log.read(2).unwrap().map(|p| p.len()), Some(big.len()));
+        drop(log);
+        let (mut log, _) = LogFiles::open(dir.path()).unwrap();
+        assert_eq!((log.first_index(), log.last_index()), (Some(1), Some(3)));
+        log.purge(2).unwrap();
+        assert_eq!(segment_paths(dir.path()).len(), 1, "the segments of entries 1 and 2 are gone");
+        assert_eq!(log.first_index(), Some(3));
+        assert_eq!(log.read(2).unwrap(), None);
+        // A purge past everything empties the log; the next append starts anywhere after it.
+        log.purge(100).unwrap();
+        assert_eq!(log.last_index(), None);
+        log.append([(101, &b"x"[..])]).unwrap();
+        drop(log);
+        let (log, _) = LogFiles::open(dir.path()).unwrap();
+        assert_eq!((log.first_index(), log.last_index()), (Some(101), Some(101)));
+    }
+
+    /// The bytes of record `index` in the only segment, and the segment's path.
+    fn record_at(dir: &Path, log: &LogFiles, index: u64) -> (PathBuf, u64, u64) {
+        let segment = &log.segments[0];
+        let offset = segment.offsets[(index - segment.first) as usize];
+        let end = segment.offsets.get((index - segment.first + 1) as usize).copied().unwrap_or(segment.head);
+        (segment_paths(dir)[0].clone(), offset, end)
+    }
+
+    fn write_at(path: &Path, offset: u64, bytes: &[u8]) {
+        OpenOptions::new().write(true).open(path).unwrap().write_all_at(bytes, offset).unwrap();
+    }
+
+    #[test]
+    fn a_write_torn_by_a_crash_is_cut_off_and_zeroed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = LogFiles::open(dir.path()).unwrap();
+        let large = vec![3u8; 2000];
+        append(&mut log, 1..=3);
+        log.append([(4, &large[..])]).unwrap();
+        append(&mut log, 5..=6);
+        let (path, offset, end) = record_at(dir.path(), &log, 4);
+        drop(log);
+        // Entry 4's last sectors never reached the disk; entries 5 and 6 after it did.
+        let first_whole_sector = (offset / 512 + 1) * 512;
+        write_at(&path, first_whole_sector, &vec![0u8; (end - first_whole_sector) as usize]);
+        let (mut log, recovery) = LogFiles::open(dir.path()).unwrap();
+        assert_eq!(log.last_index(), Some(3), "cut before the torn record");
+        assert!(recovery.zeroed_bytes > 0, "{recovery:?}");
+        // What followed is gone for good: new records of other sizes do not meet it again.
+        log.append([(4, &b"four"[..])]).unwrap();
+        drop(log);
+        let (log, recovery) = LogFiles::open(dir.path()).unwrap();
+        assert_eq!(recovery, Recovery::default());
+        assert_eq!((log.last_index(), log.read(4).unwrap()), (Some(4), Some(b"four".to_vec())));
+    }
+
+    #[test]
+    fn a_damaged_record_fails_the_open_instead_of_being_cut_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = LogFiles::open(dir.path()).unwrap();
+        append(&mut log, 1..=50);
+        let (path, offset, _) = record_at(dir.path(), &log, 20);
+        drop(log);
+        let mut byte = [0u8; 1];
+        File::open(&path).unwrap().read_exact_at(&mut byte, offset + HEADER as u64 + 2).unwrap();
+        write_at(&path, offset + HEADER as u64 + 2, &[byte[0] ^ 0x40]);
+        let error = LogFiles::open(dir.path()).err().expect("damage fails the open");
+        assert!(
+            matches!(&error, LogFileError::Damaged { offset: at, .. } if *at == offset)
+                && error.to_string().contains("checksum of entry 20"),
+            "{error}"
+        );
+        // A header that names another entry is damage too.
+        let (path, offset) = (path, offset);
+        write_at(&path, offset + HEADER as u64 + 2, &byte);
+        write_at(&path, offset + 8, &99u64.to_le_bytes());
+        let error = LogFiles::open(dir.path()).err().expect("damage fails the open");
+        assert!(error.to_string().contains("entry 99 where entry 20 belongs"), "{error}");
+    }
+
+    #[test]
+    fn a_gap_between_segments_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = LogFiles::open(dir.path()).unwrap();
+        let big = vec![1u8; SEGMENT_BYTES as usize];
+        log.append([(1, &big[..]), (2, &big[..]), (3, &b"x"[..])]).unwrap();
+        drop(log);
+        std::fs::remove_file(dir.path().join(segment_name(2))).unwrap();
+        let error = LogFiles::open(dir.path()).err().expect("a missing segment fails the open");
+        assert!(error.to_string().contains("starts at entry 3"), "{error}");
+    }
+
+    #[test]
+    fn sectors_are_checked_whole_where_they_lie_in_the_file() {
+        let mut file = vec![1u8; 2048];
+        assert!(!has_unwritten_sector(&file, 100, 1500));
+        file[1024..1536].fill(0);
+        assert!(has_unwritten_sector(&file, 100, 1500), "the sector 1024..1536");
+        assert!(!has_unwritten_sector(&file, 1030, 1500), "the header's own sector is not checked");
+        assert!(!has_unwritten_sector(&file, 100, 1024), "a sector after the record is not checked");
+        let mut file = vec![1u8; 1024];
+        file[600..1024].fill(0);
+        assert!(!has_unwritten_sector(&file, 0, 700), "zeros at the end of a payload in a written sector");
+    }
+}
