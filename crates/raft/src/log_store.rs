@@ -488,6 +488,39 @@ mod tests {
         assert_eq!(ids(recent.get(20, 21)), Some(vec![(2, 20)]));
     }
 
+    /// A data directory of a version that kept the log in RocksDB: its entries move into the
+    /// log's files when it opens, and leave RocksDB; opening again finds them in the files.
+    #[tokio::test]
+    async fn a_log_kept_in_rocksdb_moves_into_the_files_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let db_path = dir.path().join("db");
+        {
+            let db = crate::db::open(&db_path, &Default::default()).unwrap();
+            let log = cf(&db, LEGACY_LOG_CF);
+            for index in 3u64..=12 {
+                db.put_cf(log, index.to_be_bytes(), encode(&entry(2, index)).unwrap()).unwrap();
+            }
+            let purged = LogId::new(CommittedLeaderId::new(1, 1), 2);
+            db.put_cf(cf(&db, RAFT_META_CF), LAST_PURGED, encode(&purged).unwrap()).unwrap();
+        }
+        let open = || {
+            let metrics = StorageMetrics::register(&prometheus::Registry::new()).unwrap();
+            crate::open(dir.path(), statestore_statemachine::Config::default(), metrics, false).unwrap()
+        };
+        for reopened in [false, true] {
+            let mut node = open();
+            let state = node.log.get_log_state().await.unwrap();
+            assert_eq!(state.last_purged_log_id.map(|id| id.index), Some(2), "reopened: {reopened}");
+            assert_eq!(state.last_log_id.map(|id| (id.leader_id.term, id.index)), Some((2, 12)));
+            let entries = node.log.try_get_log_entries(3..13).await.unwrap();
+            assert_eq!(ids(Some(entries)), Some((3..=12).map(|i| (2, i)).collect()));
+            let legacy = node.log.db().iterator_cf(cf(node.log.db(), LEGACY_LOG_CF), IteratorMode::Start).count();
+            assert_eq!(legacy, 0, "nothing is left in RocksDB");
+        }
+        assert!(dir.path().join("log").join(format!("{:020}.segment", 3)).exists());
+        assert!(!dir.path().join("log.moving").exists());
+    }
+
     #[test]
     fn recent_entries_are_bounded_by_count_and_bytes() {
         let mut recent = RecentEntries::default();
