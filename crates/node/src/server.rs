@@ -132,7 +132,9 @@ pub fn is_damaged_storage(error: &anyhow::Error) -> bool {
         cause.downcast_ref::<statestore_raft::OpenError>().is_some_and(statestore_raft::OpenError::is_corruption)
             || cause.is::<statestore_raft::Damaged>()
             || cause.downcast_ref::<RaftStopped>().is_some_and(|stopped| {
-                stopped.0.contains("Corruption") || statestore_raft::snapshot::describes_damage(&stopped.0)
+                stopped.0.contains("Corruption")
+                    || statestore_raft::snapshot::describes_damage(&stopped.0)
+                    || statestore_raft::log_files::describes_damage(&stopped.0)
             })
     })
 }
@@ -187,5 +189,21 @@ pub async fn signal() {
     tokio::select! {
         _ = terminate => tracing::info!("SIGTERM"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn damaged_storage_is_told_from_other_failures_however_it_reaches_the_node() {
+        let stopped = |text: &str| anyhow::Error::new(RaftStopped(text.into())).context("the node stopped");
+        assert!(is_damaged_storage(&stopped(
+            "when Read Logs: the Raft log file /data/log/00000000000000000001.segment is damaged at byte 96: \
+             the checksum of entry 4 does not match"
+        )));
+        assert!(is_damaged_storage(&stopped("when Read StateMachine: Corruption: block checksum mismatch")));
+        assert!(!is_damaged_storage(&stopped("when Write Logs: No space left on device (os error 28)")));
     }
 }

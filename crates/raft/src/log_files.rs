@@ -39,6 +39,11 @@ const ALIGN: u64 = 16;
 const SECTOR: usize = 512;
 const SUFFIX: &str = ".segment";
 
+/// Whether an error's text (as it reaches the node through openraft) says a log file is damaged.
+pub fn describes_damage(text: &str) -> bool {
+    text.contains("the Raft log file") && text.contains("is damaged at byte")
+}
+
 /// What can go wrong with the log's files.
 #[derive(Debug, thiserror::Error)]
 pub enum LogFileError {
@@ -642,6 +647,18 @@ mod tests {
         write_at(&path, offset + 8, &99u64.to_le_bytes());
         let error = LogFiles::open(dir.path()).err().expect("damage fails the open");
         assert!(error.to_string().contains("entry 99 where entry 20 belongs"), "{error}");
+    }
+
+    #[test]
+    fn a_record_damaged_while_the_log_is_open_does_not_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = LogFiles::open(dir.path()).unwrap();
+        append(&mut log, 1..=10);
+        let (path, offset, _) = record_at(dir.path(), &log, 4);
+        write_at(&path, offset + HEADER as u64, b"\xff");
+        let error = log.read(4).err().expect("the damage is found");
+        assert!(describes_damage(&error.to_string()), "{error}");
+        assert_eq!(log.read(5).unwrap(), Some(payload(5)), "the others read back");
     }
 
     #[test]
