@@ -656,7 +656,7 @@ mod tests {
         append(&mut log, 1..=10);
         let (path, offset, _) = record_at(dir.path(), &log, 4);
         write_at(&path, offset + HEADER as u64, b"\xff");
-        let error = log.read(4).err().expect("the damage is found");
+        let error = log.read(4).expect_err("the damage is found");
         assert!(describes_damage(&error.to_string()), "{error}");
         assert_eq!(log.read(5).unwrap(), Some(payload(5)), "the others read back");
     }
