@@ -182,6 +182,35 @@ fn allocate(file: &File, len: u64) -> io::Result<()> {
     }
 }
 
+/// Where the last stretch of `file` that was ever written ends (`SEEK_DATA`, `SEEK_HOLE`): space
+/// allocated and never written reads as zeros, so opening a segment reads only what precedes
+/// this. A filesystem that cannot tell answers the file's length.
+fn written_end(file: &File, len: u64) -> io::Result<u64> {
+    let fd = file.as_raw_fd();
+    let mut end = 0;
+    let mut at: libc::off_t = 0;
+    while (at as u64) < len {
+        // SAFETY: lseek on an open descriptor; the position is restored by every later read_at.
+        let data = unsafe { libc::lseek(fd, at, libc::SEEK_DATA) };
+        if data < 0 {
+            let error = io::Error::last_os_error();
+            return match error.raw_os_error() {
+                Some(libc::ENXIO) => Ok(end),
+                Some(libc::EINVAL) => Ok(len),
+                _ => Err(error),
+            };
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        end = hole as u64;
+        at = hole;
+    }
+    Ok(end.min(len))
+}
+
 /// Writes zeros over `start..end` of `file`.
 fn zero(file: &SegmentFile, start: u64, end: u64) -> Result<(), LogFileError> {
     const CHUNK: u64 = 1 << 20;
@@ -249,7 +278,12 @@ impl LogFiles {
     /// segment, the bytes zeroed, and whether its records ended before a torn write (so later
     /// segments hold nothing that was acknowledged).
     fn read_segment(first: u64, path: &Path) -> Result<(Segment, u64, bool), LogFileError> {
-        let bytes = std::fs::read(path).map_err(io_error(path))?;
+        let file = OpenOptions::new().read(true).write(true).open(path).map_err(io_error(path))?;
+        let capacity = file.metadata().map_err(io_error(path))?.len();
+        // Only what was ever written is read: the allocated rest reads as zeros.
+        let written = written_end(&file, capacity).map_err(io_error(path))?;
+        let mut bytes = vec![0u8; written as usize];
+        file.read_exact_at(&mut bytes, 0).map_err(io_error(path))?;
         let damaged = |offset: usize, detail: String| LogFileError::Damaged {
             path: path.display().to_string(),
             offset: offset as u64,
@@ -269,8 +303,12 @@ impl LogFiles {
                 return Err(damaged(at, format!("a record of entry {index} where entry {expected} belongs")));
             }
             let end = at + HEADER + len as usize;
-            if end > bytes.len() {
+            if end as u64 > capacity {
                 return Err(damaged(at, format!("a record of {len} bytes runs past the end of the file")));
+            }
+            if end > bytes.len() {
+                // The record runs into space never written: zeros, up to a whole sector.
+                bytes.resize((end.div_ceil(SECTOR) * SECTOR).min(capacity as usize), 0);
             }
             if checksum(index, &bytes[at + HEADER..end]) != crc {
                 if has_unwritten_sector(&bytes, at, end) {
@@ -283,8 +321,8 @@ impl LogFiles {
             at = padded(end as u64) as usize;
         }
         let head = at.min(bytes.len()) as u64;
-        let leftover = bytes[head as usize..].iter().rposition(|&b| b != 0).map(|last| head + last as u64 + 1);
-        let file = OpenOptions::new().read(true).write(true).open(path).map_err(io_error(path))?;
+        let leftover = bytes.get(head as usize..).and_then(|rest| rest.iter().rposition(|&b| b != 0));
+        let leftover = leftover.map(|last| head + last as u64 + 1);
         let file = Arc::new(SegmentFile { path: path.to_path_buf(), file });
         let mut zeroed = 0;
         if let Some(end) = leftover {
@@ -298,7 +336,7 @@ impl LogFiles {
                 "zeroed an unfinished write after the last whole record of the Raft log"
             );
         }
-        let segment = Segment { first, file, offsets, head, capacity: bytes.len() as u64 };
+        let segment = Segment { first, file, offsets, head, capacity };
         Ok((segment, zeroed, torn || leftover.is_some()))
     }
 
@@ -532,6 +570,17 @@ mod tests {
     }
 
     #[test]
+    fn only_the_written_part_of_a_segment_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = LogFiles::open(dir.path()).unwrap();
+        append(&mut log, 1..=3);
+        let file = log.segments[0].file.clone();
+        let written = written_end(&file.file, SEGMENT_BYTES).unwrap();
+        assert!(written >= log.segments[0].head, "{written}");
+        assert!(written < SEGMENT_BYTES / 2, "the allocated rest is not read: {written}");
+    }
+
+    #[test]
     fn an_append_must_follow_the_last_record() {
         let dir = tempfile::tempdir().unwrap();
         let (mut log, _) = LogFiles::open(dir.path()).unwrap();
@@ -623,6 +672,26 @@ mod tests {
         let (log, recovery) = LogFiles::open(dir.path()).unwrap();
         assert_eq!(recovery, Recovery::default());
         assert_eq!((log.last_index(), log.read(4).unwrap()), (Some(4), Some(b"four".to_vec())));
+    }
+
+    /// A write whose last blocks never reached the disk leaves them unallocated (a hole), which
+    /// opening does not even read: the record is torn all the same.
+    #[test]
+    fn a_record_running_into_space_never_written_is_torn() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = LogFiles::open(dir.path()).unwrap();
+        let large = vec![9u8; 10_000];
+        log.append([(1, &b"one"[..]), (2, &large[..])]).unwrap()[0].sync().unwrap();
+        let path = segment_paths(dir.path())[0].clone();
+        drop(log);
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        // SAFETY: fallocate on an open descriptor.
+        let punched = unsafe { libc::fallocate(file.as_raw_fd(), mode, 4096, (SEGMENT_BYTES - 4096) as i64) };
+        assert_eq!(punched, 0, "{}", io::Error::last_os_error());
+        let (log, recovery) = LogFiles::open(dir.path()).unwrap();
+        assert_eq!(log.last_index(), Some(1), "cut before the torn record");
+        assert!(recovery.zeroed_bytes > 0, "{recovery:?}");
     }
 
     #[test]
