@@ -46,6 +46,8 @@ pub const MAX_BATCH_BYTES: usize = 4 << 20;
 /// How long a new leader waits to learn a majority's clocks before its first proposal; past it
 /// (the others do not answer) it proposes anyway: nothing commits without them.
 const CLOCK_WAIT: Duration = Duration::from_millis(500);
+/// The pause before a leadership confirmation that reached no quorum is tried again.
+const CONFIRMATION_RETRY: Duration = Duration::from_millis(10);
 /// Log entries proposed and not yet applied. Two lets the leader write and fsync the next batch
 /// while the previous one is replicated.
 pub const MAX_PROPOSALS_IN_FLIGHT: usize = 2;
@@ -352,14 +354,24 @@ async fn reader_task(raft: Raft, reader: StateReader, mut batches: mpsc::Unbound
 }
 
 /// Returns once this node has confirmed with a quorum that it is the leader and has applied
-/// everything committed before the call.
+/// everything committed before the call. A round of confirmations that reaches no quorum (openraft
+/// gives each one the heartbeat interval, so a peer that stalls for 50 ms on a loaded machine
+/// misses it) is tried again until [`PROPOSAL_TIMEOUT`], as a write would wait for its commit.
 pub async fn ensure_linearizable(raft: &Raft) -> Result<(), ExecuteError> {
     use openraft::error::CheckIsLeaderError;
-    match tokio::time::timeout(PROPOSAL_TIMEOUT, raft.ensure_linearizable()).await {
-        Err(_) => Err(ExecuteError::Unavailable("leadership was not confirmed in time".into())),
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(to)))) => Err(forward(&to)),
-        Ok(Err(RaftError::APIError(e))) => Err(ExecuteError::Unavailable(e.to_string())),
-        Ok(Err(RaftError::Fatal(fatal))) => Err(ExecuteError::Unavailable(fatal.to_string())),
+    let deadline = tokio::time::Instant::now() + PROPOSAL_TIMEOUT;
+    loop {
+        let confirmed = tokio::time::timeout_at(deadline, raft.ensure_linearizable()).await;
+        let no_quorum = match confirmed {
+            Err(_) => return Err(ExecuteError::Unavailable("leadership was not confirmed in time".into())),
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(to)))) => return Err(forward(&to)),
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(no_quorum)))) => no_quorum,
+            Ok(Err(RaftError::Fatal(fatal))) => return Err(ExecuteError::Unavailable(fatal.to_string())),
+        };
+        if tokio::time::Instant::now() + CONFIRMATION_RETRY >= deadline {
+            return Err(ExecuteError::Unavailable(format!("leadership was not confirmed in time: {no_quorum}")));
+        }
+        tokio::time::sleep(CONFIRMATION_RETRY).await;
     }
 }

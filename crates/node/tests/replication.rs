@@ -242,6 +242,29 @@ async fn a_leader_without_a_quorum_refuses_reads_and_writes() {
     assert_eq!(cluster.get_local(leader, "k").await.unwrap().response, Response::Value(b"v".to_vec()));
 }
 
+/// A read whose leadership confirmation misses its round (both followers stalled for 250 ms,
+/// less than an election timeout: SIGSTOP, then SIGCONT) is answered once they answer again,
+/// not refused: on a loaded machine a round of heartbeats misses its 50 ms now and then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_waits_out_followers_that_stall_briefly() {
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader().await;
+    cluster.set(leader, "k", "v").await.unwrap();
+    let followers: Vec<u64> = cluster.running().into_iter().filter(|id| *id != leader).collect();
+    for id in &followers {
+        cluster.signal(*id, "STOP");
+    }
+    let resume = async {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        for id in &followers {
+            cluster.signal(*id, "CONT");
+        }
+    };
+    let (answer, ()) = tokio::join!(cluster.get(leader, "k"), resume);
+    assert_eq!(answer.unwrap_or_else(|e| panic!("{e:?}\n{}", cluster.logs())).response, Response::Value(b"v".to_vec()));
+    assert_eq!(cluster.wait_leader().await, leader, "the stall cost no election");
+}
+
 /// Replication never stalls on size or on a slow follower: 64 consecutive 1 MiB values, then
 /// writes while a follower is paused for 10 s (among them 48 values of 3 MiB: more than one
 /// append request may carry, 144 MiB against the 128 MiB body limit), end with every node
