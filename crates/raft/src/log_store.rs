@@ -169,11 +169,16 @@ impl LogReader {
     }
 
     fn last_entry_id(&self) -> Result<Option<LogId>, RaftStorageError> {
-        let Some(last) = self.files.read().unwrap().last_index() else { return Ok(None) };
+        // Held throughout, so that no truncation comes between finding the last index and reading it.
+        let files = self.files.read().unwrap();
+        let Some(last) = files.last_index() else { return Ok(None) };
         if let Some(mut entries) = self.recent.lock().unwrap().get(last, last.saturating_add(1)) {
             return Ok(entries.pop().map(|entry| entry.log_id));
         }
-        Ok(self.read_files(last, last.saturating_add(1))?.pop().map(|entry| entry.log_id))
+        let bytes = files.read(last).map_err(read_error)?;
+        let entry: Option<LogEntry> =
+            bytes.map(|bytes| decode(&bytes)).transpose().map_err(|e| StorageIOError::read_log_at_index(last, &e))?;
+        Ok(entry.map(|entry| entry.log_id))
     }
 
     /// The entries `start..end` the files hold, decoded.
