@@ -190,7 +190,8 @@ fn written_end(file: &File, len: u64) -> io::Result<u64> {
     let mut end = 0;
     let mut at: libc::off_t = 0;
     while (at as u64) < len {
-        // SAFETY: lseek on an open descriptor; the position is restored by every later read_at.
+        // SAFETY: lseek on an open descriptor. The file position it moves is not used: every
+        // read and write of a segment is positional (pread, pwrite).
         let data = unsafe { libc::lseek(fd, at, libc::SEEK_DATA) };
         if data < 0 {
             let error = io::Error::last_os_error();
@@ -711,7 +712,6 @@ mod tests {
             "{error}"
         );
         // A header that names another entry is damage too.
-        let (path, offset) = (path, offset);
         write_at(&path, offset + HEADER as u64 + 2, &byte);
         write_at(&path, offset + 8, &99u64.to_le_bytes());
         let error = LogFiles::open(dir.path()).err().expect("damage fails the open");
