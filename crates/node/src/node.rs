@@ -421,8 +421,8 @@ impl Node {
     /// every node running on (maintenance of the leader's machine, or a leader placed near the
     /// broker): the new leader's id. First, serving as usual, it waits up to
     /// [`HANDOVER_DEADLINE`] for such a voter to hold the log as it is now; then new requests
-    /// wait, in order, not refused, for at most two leases: what was proposed is applied and
-    /// answered, and the voter is asked to stand
+    /// wait, in order, not refused: what was proposed is applied and answered, and for at most
+    /// two leases more the voter is asked to stand
     /// ([`statestore_raft::election::Elector::hand_over`]). Once it leads, the requests that
     /// waited go on here and fail over as a follower's do (an MQTT request is kept for the new
     /// leader, which received it too; an HTTP caller is sent to the new leader). If it does not
@@ -446,7 +446,7 @@ impl Node {
             let who = to.map_or("no other voter".to_string(), |id| format!("node {id}"));
             return Err(format!("{who} held this node's log up to index {last} within {HANDOVER_DEADLINE:?}"));
         }
-        let held = self.pipeline.hold();
+        let held = self.pipeline.hold().await;
         let started = std::time::Instant::now();
         let moved = self.elector.hand_over(self.elector.lease() * 2, to).await;
         drop(held);

@@ -333,7 +333,12 @@ async fn leadership_moves_on_request_while_sdk_clients_write() {
     let status = answer.status();
     let body: serde_json::Value = answer.json().await.unwrap();
     assert_eq!(status, 200, "{body}\n{}", cluster.logs());
-    assert_eq!((body["from"].as_u64(), body["leader"].as_u64()), (Some(leader), Some(to)), "{body}");
+    assert_eq!(
+        (body["from"].as_u64(), body["leader"].as_u64()),
+        (Some(leader), Some(to)),
+        "{body}\n{}",
+        cluster.logs()
+    );
     assert_eq!(cluster.wait_leader().await, to);
     assert_eq!(cluster.running().len(), 3, "every node runs on");
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -290,9 +290,22 @@ impl Elector {
         let mut next_try = Instant::now();
         // When this node last led or heard from a leader (or started).
         let mut leader_known = Instant::now();
+        // The vote this node held at the last tick, and when it last changed: a vote granted to
+        // a candidate (or a leader stepping down for one) restarts the wait before standing, as
+        // granting a vote restarts Raft's election timer. Without it, a voter whose vote went to
+        // a candidate knows no leader, pre-votes at its next tick, wins the candidate's own yes
+        // and stands against it, undoing an election under way (a handover's, most often).
+        let mut vote_held: Option<(Vote, Option<Instant>)> = None;
         loop {
             ticks.tick().await;
             let Some(standing) = self.standing().await else { return };
+            match &vote_held {
+                Some((vote, _)) if *vote == standing.vote => {}
+                // The vote this node started with is not news.
+                None => vote_held = Some((standing.vote, None)),
+                Some(_) => vote_held = Some((standing.vote, Some(Instant::now()))),
+            }
+            let vote_changed = vote_held.as_ref().and_then(|(_, at)| at.map(|at| at.elapsed()));
             if standing.leading {
                 leader_known = Instant::now();
             } else if let Some(heard) = standing.since_leader.and_then(|since| Instant::now().checked_sub(since)) {
@@ -306,6 +319,7 @@ impl Elector {
             let last_resort = leader_known.elapsed() >= self.lease * LAST_RESORT_LEASES;
             if standing.leading
                 || standing.since_leader.is_some_and(|since| since < quiet)
+                || vote_changed.is_some_and(|since| since < quiet)
                 || !(self.allowed_to_lead() || last_resort)
             {
                 continue;
