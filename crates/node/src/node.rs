@@ -370,6 +370,9 @@ impl Node {
     /// ahead of its), the followers stand once they stop hearing this node, as before.
     pub(crate) async fn hand_over_to(&self, peer: NodeId, why: String) {
         self.hand_over(why);
+        // What was proposed before is applied first, and nothing reaches the log after the
+        // entry the voter must hold (`Pipeline::hold`).
+        let _held = self.pipeline.hold().await;
         let deadline = self.elector.lease() * 2;
         match self.elector.hand_over(deadline, Some(peer)).await {
             Ok(leader) => tracing::info!(leader, "handed leadership over to node {leader}"),
@@ -402,6 +405,9 @@ impl Node {
             return;
         }
         self.pipeline.refuse(Some("this node is stopping; another node takes over as leader".into()));
+        // Submitted before the refusal and not yet proposed: held; what is in flight is applied
+        // first (`Pipeline::hold`), so the voter asked to stand holds the log as it ends.
+        let _held = self.pipeline.hold().await;
         self.until_another_can_be_elected().await;
         let started = std::time::Instant::now();
         match self.elector.hand_over(HANDOVER_DEADLINE, None).await {
