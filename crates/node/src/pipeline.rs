@@ -156,6 +156,7 @@ impl Pipeline {
     /// client went away drops its handler mid-move).
     pub async fn hold(&self) -> Held {
         self.held.send_replace(true);
+        // The guard exists before the wait, so a caller dropped while waiting lifts the hold.
         let mut held = Held { held: self.held.clone(), slots: None };
         // Every slot: the batcher may have taken one before the hold, and proposes with it.
         held.slots = self.slots.clone().acquire_many_owned(MAX_PROPOSALS_IN_FLIGHT as u32).await.ok();
