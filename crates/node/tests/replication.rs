@@ -404,3 +404,93 @@ async fn a_paused_leader_is_replaced_and_follows_once_resumed() {
     let read = cluster.get(new, "after-pause").await.unwrap();
     assert_eq!(read.response, Response::Value(b"v".to_vec()));
 }
+
+/// A leader sends its entries to the followers while it flushes them, and counts as committed
+/// (and applies, and answers) only what is on its own disk. The leader's `fsync`s are stalled
+/// for real (a preloaded library makes them wait while a file exists) for longer than an
+/// election timeout: the followers receive the write meanwhile, the leader neither commits nor
+/// applies nor answers it, goes on leading (its heartbeats do not wait for its disk), and
+/// answers once its disk is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_disk_stalls_replicates_but_applies_nothing_until_it_has_flushed() {
+    let mut cluster = Cluster::prepare(3, &[]);
+    let library = common::disk::stall_library(cluster.dir.path());
+    let dir = cluster.dir.path().to_path_buf();
+    let stall = move |id: u64| dir.join(format!("stall-{id}"));
+    for id in 1..=3 {
+        let env = common::disk::stall_env(&library, &stall(id));
+        cluster.nodes.get_mut(&id).unwrap().env = env;
+    }
+    for id in 1..=3 {
+        cluster.spawn(id);
+    }
+    let leader = cluster.wait_leader().await;
+    cluster.wait_ready().await;
+    let started = Instant::now();
+    while cluster.status(leader).await.unwrap()["enrolled"].as_object().map_or(0, |enrolled| enrolled.len()) < 3 {
+        assert!(started.elapsed() < DEADLINE, "every member enrolled\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(cluster.set(leader, "before", "v").await.unwrap().response, Response::Ok);
+    let before = terms(&cluster).await;
+    let followers: Vec<u64> = cluster.running().into_iter().filter(|id| *id != leader).collect();
+    let last = cluster.status(leader).await.unwrap()["last_log_index"].as_u64().unwrap();
+
+    std::fs::File::create(stall(leader)).unwrap();
+    let stalled_at = Instant::now();
+    let cluster = Arc::new(cluster);
+    let write = tokio::spawn({
+        let cluster = cluster.clone();
+        async move { cluster.set(leader, "during", "v").await }
+    });
+    let term = before[&leader];
+    for id in &followers {
+        loop {
+            // In the leader's term: a new leader's first entry would raise the index too.
+            let status = cluster.status(*id).await.unwrap();
+            if status["last_log_index"].as_u64().unwrap() > last && status["term"].as_u64() == Some(term) {
+                break;
+            }
+            assert!(
+                stalled_at.elapsed() < Duration::from_secs(5),
+                "node {id} did not receive the write while the leader's disk stalled: {status}\n{}",
+                cluster.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    // Longer than an election timeout, with the write on both followers and not on the
+    // leader's disk.
+    while stalled_at.elapsed() < Duration::from_millis(1500) {
+        let status = cluster.status(leader).await.unwrap();
+        assert_eq!(
+            status["role"],
+            "leader",
+            "the leader lost its leadership while its disk stalled\n{}",
+            cluster.logs()
+        );
+        assert!(
+            status["committed_index"].as_u64().unwrap() <= last && status["applied_index"].as_u64().unwrap() <= last,
+            "the leader committed or applied an entry it has not flushed: {status}"
+        );
+        assert!(!write.is_finished(), "the write was answered before the leader flushed it");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    std::fs::remove_file(stall(leader)).unwrap();
+    let answer = write.await.unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", cluster.logs()));
+    assert_eq!(answer.response, Response::Ok);
+    assert_eq!(cluster.wait_leader().await, leader);
+    assert_eq!(
+        terms(&cluster).await,
+        before,
+        "an election happened while the leader's disk stalled\n{}",
+        cluster.logs()
+    );
+    let applied = cluster.status(leader).await.unwrap()["applied_index"].as_u64().unwrap();
+    assert!(applied > last);
+    for id in cluster.running() {
+        cluster.wait_applied(id, applied).await;
+        assert_eq!(cluster.get_local(id, "during").await.unwrap().response, Response::Value(b"v".to_vec()));
+    }
+}
