@@ -88,6 +88,7 @@ async fn start_cluster(dir: &std::path::Path, mqtt_port: u16) -> Vec<RunningNode
             heartbeat: Duration::from_millis(50),
             restored: false,
             max_clock_offset: Duration::from_millis(statestore_node::config::DEFAULT_MAX_CLOCK_OFFSET_MS),
+            max_log_fsync: Duration::from_millis(statestore_node::config::DEFAULT_MAX_LOG_FSYNC_MS),
             election_min: Duration::from_millis(150),
             election_max: Duration::from_millis(300),
             snapshot_every: 10_000,

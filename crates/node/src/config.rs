@@ -68,6 +68,12 @@ pub struct Args {
     /// hands leadership over. 0 turns the check off. Default 1000.
     #[arg(long, env = "STATESTORE_MAX_CLOCK_OFFSET_MS")]
     pub max_clock_offset_ms: Option<u64>,
+    /// The longest a leader's Raft log fsync may run, in milliseconds, before the leader hands
+    /// leadership over (a leader sends its entries while it flushes them, so a disk that stops
+    /// returning does not cost it its heartbeats, only every write). 0 turns the check off.
+    /// Default 1000.
+    #[arg(long, env = "STATESTORE_MAX_LOG_FSYNC_MS")]
+    pub max_log_fsync_ms: Option<u64>,
     /// The data directory holds a restored backup (a copy of one node's directory): give it a
     /// new storage incarnation and let the restored cluster's first leader name it anew. Only
     /// for the first start after a restore. Default false.
@@ -201,6 +207,8 @@ pub struct NodeConfig {
     pub heartbeat: Duration,
     /// Clocks further apart than this disagree (zero: never).
     pub max_clock_offset: Duration,
+    /// A leader whose log fsync runs longer hands leadership over (zero: never).
+    pub max_log_fsync: Duration,
     /// The data directory holds a restored backup (`--restored`).
     pub restored: bool,
     pub election_min: Duration,
@@ -268,6 +276,9 @@ impl NodeTls {
 
 /// The default of `--max-clock-offset-ms`.
 pub const DEFAULT_MAX_CLOCK_OFFSET_MS: u64 = 1_000;
+
+/// The default of `--max-log-fsync-ms`.
+pub const DEFAULT_MAX_LOG_FSYNC_MS: u64 = 1_000;
 
 /// TLS to the broker: the CA to trust (system roots when `None`) and an optional client identity.
 pub use statestore_api::tls::TlsConfig;
@@ -366,6 +377,7 @@ impl NodeConfig {
             heartbeat: Duration::from_millis(args.heartbeat_ms.unwrap_or(50)),
             restored: args.restored,
             max_clock_offset: Duration::from_millis(args.max_clock_offset_ms.unwrap_or(DEFAULT_MAX_CLOCK_OFFSET_MS)),
+            max_log_fsync: Duration::from_millis(args.max_log_fsync_ms.unwrap_or(DEFAULT_MAX_LOG_FSYNC_MS)),
             election_min: Duration::from_millis(args.election_min_ms.unwrap_or(150)),
             election_max: Duration::from_millis(args.election_max_ms.unwrap_or(300)),
             snapshot_every: args.snapshot_every.unwrap_or(10_000),

@@ -16,6 +16,8 @@
 //!   not stand for election, and a leader without it hands leadership over.
 //! - [`clock_watch`]: leadership follows the clocks: a leader whose wall clock disagrees with
 //!   most voters' proposes nothing and hands leadership over.
+//! - `disk_watch`: leadership follows the disk: a leader whose Raft log fsync has not returned
+//!   for `--max-log-fsync-ms` hands leadership over.
 //! - `enrollment`: the leader names the cluster once and enrolls each member's storage
 //!   incarnation (checked on every Raft message, `statestore_raft::identity`).
 //! - [`http`]: the axum server — Raft RPC, the cluster API, health, readiness, metrics, commands;
@@ -29,6 +31,7 @@ pub mod access;
 mod broker_watch;
 pub mod clock_watch;
 pub mod config;
+mod disk_watch;
 mod enrollment;
 mod events;
 pub mod http;

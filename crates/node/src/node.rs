@@ -218,6 +218,9 @@ impl Node {
         node.metrics.watch(node.clone());
         node.spawn_duty(crate::events::log_cluster_events(node.clone()));
         node.spawn_duty(crate::clock_watch::follow_clocks(node.clone(), clock_check, config.heartbeat));
+        if !config.max_log_fsync.is_zero() {
+            node.spawn_duty(crate::disk_watch::follow_disk(node.clone(), config.max_log_fsync, config.heartbeat));
+        }
         node.spawn_duty(crate::enrollment::enroll_members(node.clone()));
         node.spawn_duty(snapshot_policy(
             node.raft.clone(),

@@ -405,15 +405,10 @@ async fn a_paused_leader_is_replaced_and_follows_once_resumed() {
     assert_eq!(read.response, Response::Value(b"v".to_vec()));
 }
 
-/// A leader sends its entries to the followers while it flushes them, and counts as committed
-/// (and applies, and answers) only what is on its own disk. The leader's `fsync`s are stalled
-/// for real (a preloaded library makes them wait while a file exists) for longer than an
-/// election timeout: the followers receive the write meanwhile, the leader neither commits nor
-/// applies nor answers it, goes on leading (its heartbeats do not wait for its disk), and
-/// answers once its disk is back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leader_whose_disk_stalls_replicates_but_applies_nothing_until_it_has_flushed() {
-    let mut cluster = Cluster::prepare(3, &[]);
+/// Three nodes whose `fsync`s wait while `stall(id)` exists (`common::disk`), started, with a
+/// leader and every member enrolled.
+async fn with_stallable_disks(args: &[&str]) -> (Cluster, impl Fn(u64) -> std::path::PathBuf, u64) {
+    let mut cluster = Cluster::prepare(3, args);
     let library = common::disk::stall_library(cluster.dir.path());
     let dir = cluster.dir.path().to_path_buf();
     let stall = move |id: u64| dir.join(format!("stall-{id}"));
@@ -431,6 +426,19 @@ async fn a_leader_whose_disk_stalls_replicates_but_applies_nothing_until_it_has_
         assert!(started.elapsed() < DEADLINE, "every member enrolled\n{}", cluster.logs());
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+    (cluster, stall, leader)
+}
+
+/// A leader sends its entries to the followers while it flushes them, and counts as committed
+/// (and applies, and answers) only what is on its own disk. The leader's `fsync`s are stalled
+/// for real (a preloaded library makes them wait while a file exists) for longer than an
+/// election timeout: the followers receive the write meanwhile, the leader neither commits nor
+/// applies nor answers it, goes on leading (its heartbeats do not wait for its disk), and
+/// answers once its disk is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_disk_stalls_replicates_but_applies_nothing_until_it_has_flushed() {
+    // Stalled for less than the bound at which a leader hands over (the test below).
+    let (cluster, stall, leader) = with_stallable_disks(&["--max-log-fsync-ms", "5000"]).await;
     assert_eq!(cluster.set(leader, "before", "v").await.unwrap().response, Response::Ok);
     let before = terms(&cluster).await;
     let followers: Vec<u64> = cluster.running().into_iter().filter(|id| *id != leader).collect();
@@ -492,5 +500,62 @@ async fn a_leader_whose_disk_stalls_replicates_but_applies_nothing_until_it_has_
     for id in cluster.running() {
         cluster.wait_applied(id, applied).await;
         assert_eq!(cluster.get_local(id, "during").await.unwrap().response, Response::Value(b"v".to_vec()));
+    }
+}
+
+/// A leader whose disk does not return from `fsync` for longer than `--max-log-fsync-ms` (1 s
+/// by default) hands leadership over: its heartbeats no longer wait for its disk, so without it
+/// the followers would go on hearing a leader that cannot commit anything. Another node leads
+/// and takes writes while the old leader's disk is still stalled; once it is back, the old
+/// leader follows and holds the writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_disk_does_not_return_hands_leadership_over() {
+    let (cluster, stall, old) = with_stallable_disks(&[]).await;
+    let others: Vec<u64> = cluster.running().into_iter().filter(|id| *id != old).collect();
+    std::fs::File::create(stall(old)).unwrap();
+    let stalled_at = Instant::now();
+    // A write starts the fsync that does not return (an idle leader has nothing to flush). Its
+    // answer is not known in advance: the entry reached the followers, and the next leader may
+    // commit it.
+    let cluster = Arc::new(cluster);
+    let stuck = tokio::spawn({
+        let cluster = cluster.clone();
+        async move { cluster.set(old, "during-stall", "v").await }
+    });
+    let new = 'elected: loop {
+        for id in &others {
+            if cluster.status(*id).await.is_some_and(|status| status["role"] == "leader") {
+                break 'elected *id;
+            }
+        }
+        assert!(stalled_at.elapsed() < DEADLINE, "no other node took over\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    println!("node {new} led {} ms after node {old}'s disk stalled", stalled_at.elapsed().as_millis());
+    let answer = cluster.set(new, "after-stall", "v").await;
+    assert!(
+        answer.as_ref().is_ok_and(|answer| answer.response == Response::Ok),
+        "the new leader, node {new}, did not take a write while node {old}'s disk stalled: {answer:?}\n{}",
+        cluster.logs()
+    );
+    let logs = cluster.logs();
+    assert!(logs.contains("this node's disk does not return"), "node {old} did not say why it handed over\n{logs}");
+
+    std::fs::remove_file(stall(old)).unwrap();
+    let stuck = stuck.await.unwrap();
+    assert!(
+        !matches!(&stuck, Ok(answer) if answer.response != Response::Ok),
+        "the write on the stalled leader was refused outright: {stuck:?}"
+    );
+    assert_eq!(cluster.wait_leader().await, new, "{}", cluster.logs());
+    let applied = cluster.status(new).await.unwrap()["applied_index"].as_u64().unwrap();
+    for id in cluster.running() {
+        cluster.wait_applied(id, applied).await;
+        assert_eq!(cluster.get_local(id, "after-stall").await.unwrap().response, Response::Value(b"v".to_vec()));
+    }
+    // Whatever became of the write on the stalled leader, every node agrees on it.
+    let during = cluster.get_local(new, "during-stall").await.unwrap().response;
+    for id in cluster.running() {
+        assert_eq!(cluster.get_local(id, "during-stall").await.unwrap().response, during, "node {id}");
     }
 }

@@ -60,7 +60,7 @@ pub use clocks::PeerClocks;
 pub use damage::{DamageReport, Damaged};
 pub use election::Elector;
 pub use identity::PeerIdentity;
-pub use log_store::{LogReader, LogStore};
+pub use log_store::{FsyncWatch, LogReader, LogStore};
 pub use metrics::StorageMetrics;
 pub use network::NetworkFactory;
 pub use snapshot_receiver::SnapshotReceiver;
@@ -194,6 +194,7 @@ pub fn open(
         committed.clone(),
         shared.log_bytes.clone(),
         shared.applied_on_disk.clone(),
+        shared.fsync.clone(),
     )?;
     let reader = StateReader {
         db: db.clone(),
@@ -205,6 +206,7 @@ pub fn open(
         damage: shared.damage.clone(),
         identity: shared.identity.clone(),
         applied_on_disk: shared.applied_on_disk.clone(),
+        fsync: shared.fsync.clone(),
     };
     let mut backup_names = Vec::new();
     if restored {
@@ -228,6 +230,7 @@ pub struct StateReader {
     damage: Arc<DamageReport>,
     identity: Arc<identity::IdentityMemo>,
     applied_on_disk: Arc<db::AppliedOnDisk>,
+    fsync: Arc<FsyncWatch>,
 }
 
 /// The proposals one apply call applied that held client requests, in log order: shared with the
@@ -310,6 +313,11 @@ impl StateReader {
     /// How much the log grew since the latest snapshot here.
     pub fn log_bytes(&self) -> &LogBytes {
         &self.log_bytes
+    }
+
+    /// The Raft log's fsync under way, if one is.
+    pub fn log_fsync(&self) -> &FsyncWatch {
+        &self.fsync
     }
 
     /// The cluster's name and every enrollment, as applied here; read from the tables only

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{AnyError, EntryPayload, LogState, OptionalSend, RaftLogReader, StorageIOError};
@@ -248,7 +248,8 @@ impl Drop for LogStore {
 impl LogStore {
     /// A log store with its entries in `dir` and its vote and purge mark in `db`. `committed`
     /// follows the committed log index (0 before any); the log is purged no further than
-    /// `applied_on_disk`. A log that an earlier version kept in `db` moves to `dir` first.
+    /// `applied_on_disk`; `fsync` follows the fsync under way. A log that an earlier version kept
+    /// in `db` moves to `dir` first.
     pub(crate) fn new(
         db: Arc<DB>,
         dir: &Path,
@@ -256,6 +257,7 @@ impl LogStore {
         committed: Arc<AtomicU64>,
         log_bytes: Arc<LogBytes>,
         applied_on_disk: Arc<AppliedOnDisk>,
+        fsync: Arc<FsyncWatch>,
     ) -> Result<LogStore, crate::OpenError> {
         let mut files = open_files(&db, dir)?;
         let last_purged: Option<LogId> = read_meta(&db, LAST_PURGED)
@@ -267,7 +269,7 @@ impl LogStore {
         let (flushes, pending) = mpsc::channel();
         let flusher = std::thread::Builder::new()
             .name("raft-log-fsync".into())
-            .spawn(move || flush_loop(&pending, &metrics))
+            .spawn(move || flush_loop(&pending, &metrics, &fsync))
             .map_err(|source| crate::OpenError::Io { path: dir.display().to_string(), source })?;
         let reader = LogReader { db, files: Arc::new(RwLock::new(files)), recent: Arc::default() };
         Ok(LogStore { reader, flushes: Some(flushes), flusher: Some(flusher), committed, log_bytes, applied_on_disk })
@@ -338,9 +340,46 @@ fn open_files(db: &DB, dir: &Path) -> Result<LogFiles, crate::OpenError> {
     Ok(files)
 }
 
+/// How long the log's fsync under way has been running, if one is. A leader sends its entries
+/// while it flushes them and commits only what it has flushed, so a disk that stops returning
+/// from fsync does not cost it its leadership (its heartbeats go on) but stops every write: the
+/// node hands leadership over when the fsync under way has run too long (`disk_watch` in the
+/// node).
+#[derive(Debug)]
+pub struct FsyncWatch {
+    base: Instant,
+    /// Milliseconds from `base` to the start of the fsync under way, plus one; 0 when none is.
+    started: AtomicU64,
+}
+
+impl Default for FsyncWatch {
+    fn default() -> FsyncWatch {
+        FsyncWatch { base: Instant::now(), started: AtomicU64::new(0) }
+    }
+}
+
+impl FsyncWatch {
+    fn begin(&self) {
+        let since_base = self.base.elapsed().as_millis() as u64;
+        self.started.store(since_base + 1, Ordering::Release);
+    }
+
+    fn end(&self) {
+        self.started.store(0, Ordering::Release);
+    }
+
+    /// How long the fsync under way has run; `None` when none is.
+    pub fn running_for(&self) -> Option<Duration> {
+        match self.started.load(Ordering::Acquire) {
+            0 => None,
+            started => Some(self.base.elapsed().saturating_sub(Duration::from_millis(started - 1))),
+        }
+    }
+}
+
 /// Waits for appends, fsyncs the files they wrote to once for all that are waiting, then reports
 /// them in order.
-fn flush_loop(pending: &mpsc::Receiver<PendingFlush>, metrics: &StorageMetrics) {
+fn flush_loop(pending: &mpsc::Receiver<PendingFlush>, metrics: &StorageMetrics, watch: &FsyncWatch) {
     while let Ok(first) = pending.recv() {
         let mut waiting = vec![first];
         waiting.extend(pending.try_iter());
@@ -351,7 +390,9 @@ fn flush_loop(pending: &mpsc::Receiver<PendingFlush>, metrics: &StorageMetrics) 
             }
         }
         let started = Instant::now();
+        watch.begin();
         let result = files.iter().try_for_each(|file| file.sync()).map_err(|e| e.to_string());
+        watch.end();
         metrics.wal_fsync_seconds.observe(started.elapsed().as_secs_f64());
         for flush in waiting {
             flush.callback.log_io_completed(result.clone().map_err(io::Error::other));

@@ -93,6 +93,8 @@ pub(crate) struct SharedState {
     pub identity: Arc<IdentityMemo>,
     /// How far the applied state is on disk; the log is not purged past it.
     pub applied_on_disk: Arc<AppliedOnDisk>,
+    /// The log's fsync under way.
+    pub fsync: Arc<crate::FsyncWatch>,
 }
 
 impl StateStore {

@@ -70,20 +70,23 @@ where C: RaftTypeConfig
             tracing::error!("LogFlush error: {}, while flushing upto {}", e, self.log_io_id);
         }
         let log_io_id = self.log_io_id;
-        let reported = log_io_id.clone();
-        let sent = match self.tx {
-            FlushedTo::Caller(tx) => tx.send(result.map(|_| reported)).map_err(|_| ()),
-            FlushedTo::Core { tx_notify, vote, log_id } => tx_notify
-                .send(Notify::LocalLogFlushed {
+        match self.tx {
+            FlushedTo::Caller(tx) => {
+                if let Err(e) = tx.send(result.map(|_| log_io_id.clone())) {
+                    tracing::error!("failed to send log io completion event: {:?}", e);
+                }
+            }
+            FlushedTo::Core { tx_notify, vote, log_id } => {
+                let flushed = Notify::LocalLogFlushed {
                     vote,
                     log_id,
                     result: result.map_err(|e| e.to_string()),
-                })
-                .map_err(|_| ()),
-        };
-
-        if sent.is_err() {
-            tracing::error!("failed to send log io completion event of {}", log_io_id);
+                };
+                // The core goes on without waiting for a flush, so it may have stopped since.
+                if tx_notify.send(flushed).is_err() {
+                    tracing::debug!("the core stopped before the flush of {} was reported", log_io_id);
+                }
+            }
         }
     }
 }

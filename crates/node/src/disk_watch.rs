@@ -1,0 +1,57 @@
+//! Leadership follows the disk.
+//!
+//! A leader sends its entries to the followers while it flushes them and commits only what it
+//! has flushed (`crates/openraft`, its README), so a disk that stops returning from fsync no
+//! longer stops its heartbeats: the followers would go on hearing a leader that cannot commit
+//! anything, and every write would wait. So while a leader's Raft log fsync has run longer than
+//! `--max-log-fsync-ms`, it hands leadership over as a leader with a bad clock does
+//! ([`crate::clock_watch`]): it stops its heartbeats and refuses new work, the others elect one
+//! of themselves after their lease, and it follows (its core waits for its disk like any
+//! follower's). Should its disk return before another node leads, it leads on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::ServerState;
+
+use crate::node::Node;
+
+/// Hands leadership over while this node leads with a log fsync running longer than `bound`.
+pub(crate) async fn follow_disk(node: Arc<Node>, bound: Duration, every: Duration) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut handing_over = false;
+    loop {
+        ticks.tick().await;
+        let state = node.raft.metrics().borrow().state;
+        if state == ServerState::Shutdown {
+            return;
+        }
+        let leads = state == ServerState::Leader;
+        let stalled = node.reader.log_fsync().running_for().filter(|running| *running >= bound);
+        match (handing_over, leads, stalled) {
+            (false, true, Some(running)) => {
+                let why = format!(
+                    "node {}'s Raft log fsync has not returned for {} ms; the bound is {} ms (--max-log-fsync-ms)",
+                    node.id,
+                    running.as_millis(),
+                    bound.as_millis()
+                );
+                tracing::warn!(why, "handing leadership over: this node's disk does not return");
+                node.hand_over(why);
+                handing_over = true;
+            }
+            (true, false, _) => {
+                tracing::info!("another node leads now; following it");
+                node.resume_serving();
+                handing_over = false;
+            }
+            (true, true, None) => {
+                tracing::info!("this node's log fsync returned: leading on");
+                node.resume_serving();
+                handing_over = false;
+            }
+            _ => {}
+        }
+    }
+}
