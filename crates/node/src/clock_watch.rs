@@ -18,7 +18,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::ServerState;
 use statestore_raft::{NodeId, PeerClocks, Raft};
 
 use crate::node::Node;
@@ -95,33 +94,15 @@ fn describe_offset(offset_ms: i64) -> String {
 
 /// Hands leadership over while this node leads with a clock that disagrees with most voters'.
 pub(crate) async fn follow_clocks(node: Arc<Node>, check: ClockCheck, every: Duration) {
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut handing_over = false;
-    loop {
-        ticks.tick().await;
-        let state = node.raft.metrics().borrow().state;
-        if state == ServerState::Shutdown {
-            return;
-        }
-        let leads = state == ServerState::Leader;
-        match (handing_over, leads, check.verdict()) {
-            (false, true, ClockVerdict::Disagrees(why)) => {
-                tracing::warn!(why, "handing leadership over: this node's clock disagrees with the others'");
-                node.hand_over(why);
-                handing_over = true;
-            }
-            (true, false, _) => {
-                tracing::info!("another node leads now; following it");
-                node.resume_serving();
-                handing_over = false;
-            }
-            (true, true, ClockVerdict::Agrees | ClockVerdict::Unknown) => {
-                tracing::info!("this node's clock agrees with the others' again: leading on");
-                node.resume_serving();
-                handing_over = false;
-            }
-            _ => {}
-        }
-    }
+    let disagrees = move || match check.verdict() {
+        ClockVerdict::Disagrees(why) => Some(why),
+        ClockVerdict::Agrees | ClockVerdict::Unknown => None,
+    };
+    node.hand_over_while(
+        every,
+        "this node's clock disagrees with the others'",
+        "this node's clock agrees with the others' again",
+        disagrees,
+    )
+    .await;
 }

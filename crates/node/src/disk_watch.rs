@@ -12,46 +12,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::ServerState;
-
 use crate::node::Node;
 
 /// Hands leadership over while this node leads with a log fsync running longer than `bound`.
 pub(crate) async fn follow_disk(node: Arc<Node>, bound: Duration, every: Duration) {
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut handing_over = false;
-    loop {
-        ticks.tick().await;
-        let state = node.raft.metrics().borrow().state;
-        if state == ServerState::Shutdown {
-            return;
-        }
-        let leads = state == ServerState::Leader;
-        let stalled = node.reader.log_fsync().running_for().filter(|running| *running >= bound);
-        match (handing_over, leads, stalled) {
-            (false, true, Some(running)) => {
-                let why = format!(
-                    "node {}'s Raft log fsync has not returned for {} ms; the bound is {} ms (--max-log-fsync-ms)",
-                    node.id,
-                    running.as_millis(),
-                    bound.as_millis()
-                );
-                tracing::warn!(why, "handing leadership over: this node's disk does not return");
-                node.hand_over(why);
-                handing_over = true;
-            }
-            (true, false, _) => {
-                tracing::info!("another node leads now; following it");
-                node.resume_serving();
-                handing_over = false;
-            }
-            (true, true, None) => {
-                tracing::info!("this node's log fsync returned: leading on");
-                node.resume_serving();
-                handing_over = false;
-            }
-            _ => {}
-        }
-    }
+    let id = node.id;
+    let reader = node.reader.clone();
+    let stalled = move || {
+        let running = reader.log_fsync().running_for().filter(|running| *running >= bound)?;
+        Some(format!(
+            "node {id}'s Raft log fsync has not returned for {} ms; the bound is {} ms (--max-log-fsync-ms)",
+            running.as_millis(),
+            bound.as_millis()
+        ))
+    };
+    node.hand_over_while(every, "this node's disk does not return", "this node's log fsync returned", stalled).await;
 }

@@ -392,6 +392,48 @@ impl Node {
         self.pipeline.refuse(None);
     }
 
+    /// Every `every`, asks `trouble` why this node should not lead (`None`: no reason). Leading
+    /// with a reason, it hands leadership over ([`Node::hand_over`]); once another node leads,
+    /// or the reason is gone while it still leads, it serves again. `what` and `recovered` name
+    /// the trouble and its end in the logs. Ends when Raft stops.
+    pub(crate) async fn hand_over_while(
+        self: Arc<Self>,
+        every: Duration,
+        what: &str,
+        recovered: &str,
+        mut trouble: impl FnMut() -> Option<String>,
+    ) {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut handing_over = false;
+        loop {
+            ticks.tick().await;
+            let state = self.raft.metrics().borrow().state;
+            if state == openraft::ServerState::Shutdown {
+                return;
+            }
+            let leads = state == openraft::ServerState::Leader;
+            match (handing_over, leads, trouble()) {
+                (false, true, Some(why)) => {
+                    tracing::warn!(why, "handing leadership over: {what}");
+                    self.hand_over(why);
+                    handing_over = true;
+                }
+                (true, false, _) => {
+                    tracing::info!("another node leads now; following it");
+                    self.resume_serving();
+                    handing_over = false;
+                }
+                (true, true, None) => {
+                    tracing::info!("{recovered}: leading on");
+                    self.resume_serving();
+                    handing_over = false;
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// A leader that is told to stop hands its leadership to a voter whose log matches its own
     /// (`statestore_raft::election`, *hand over*), so that writes go on within a round trip or
     /// two instead of after a lease and an election timeout. Every stopping node ends its
