@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::Parser;
 use statestore_node::config::DEFAULT_LOG_FILTER;
-use statestore_node::server::{self, EXIT_CONFIG, EXIT_DAMAGED_STORAGE};
+use statestore_node::server::{self, EXIT_CONFIG, EXIT_DAMAGED_STORAGE, EXIT_STORAGE_FAILED};
 use statestore_node::{Args, NodeConfig};
 use tracing_subscriber::EnvFilter;
 
@@ -51,6 +51,16 @@ fn main() -> anyhow::Result<()> {
                 data_dir.display()
             );
             std::process::exit(EXIT_DAMAGED_STORAGE);
+        }
+        if server::is_failed_storage(e) {
+            eprintln!(
+                "statestore: the disk under {} failed: {e:#}\n\
+                 What the node wrote since its last good flush may not be on the disk, so it stops \
+                 rather than count it. Check the disk before starting the node again \
+                 (docs/operations.md, \"A disk that fails\").",
+                data_dir.display()
+            );
+            std::process::exit(EXIT_STORAGE_FAILED);
         }
     }
     result

@@ -121,10 +121,25 @@ pub const EXIT_CONFIG: i32 = 2;
 /// not match. Restarting does not help; docs/operations.md says how to recover.
 pub const EXIT_DAMAGED_STORAGE: i32 = 3;
 
+/// Exit code of a disk that failed a read, write or fsync (an I/O error, not damage found in
+/// what was read): what the node wrote may not be on its disk. docs/operations.md, "A disk that
+/// fails", says what to check before it runs again.
+pub const EXIT_STORAGE_FAILED: i32 = 4;
+
 /// Raft stopped on its own (a storage error or a bug), not because the node was told to stop.
 #[derive(Debug, thiserror::Error)]
-#[error("raft stopped: {0}")]
-pub struct RaftStopped(pub String);
+#[error("raft stopped: {reason}")]
+pub struct RaftStopped {
+    pub reason: String,
+    /// Whether the storage failed (rather than a panic).
+    pub storage: bool,
+}
+
+impl RaftStopped {
+    fn new(fatal: &openraft::error::Fatal<statestore_raft::types::NodeId>) -> RaftStopped {
+        RaftStopped { reason: fatal.to_string(), storage: matches!(fatal, openraft::error::Fatal::StorageError(_)) }
+    }
+}
 
 /// Whether `error` says the node's storage is damaged.
 pub fn is_damaged_storage(error: &anyhow::Error) -> bool {
@@ -132,11 +147,18 @@ pub fn is_damaged_storage(error: &anyhow::Error) -> bool {
         cause.downcast_ref::<statestore_raft::OpenError>().is_some_and(statestore_raft::OpenError::is_corruption)
             || cause.is::<statestore_raft::Damaged>()
             || cause.downcast_ref::<RaftStopped>().is_some_and(|stopped| {
-                stopped.0.contains("Corruption")
-                    || statestore_raft::snapshot::describes_damage(&stopped.0)
-                    || statestore_raft::log_files::describes_damage(&stopped.0)
+                stopped.reason.contains("Corruption")
+                    || statestore_raft::snapshot::describes_damage(&stopped.reason)
+                    || statestore_raft::log_files::describes_damage(&stopped.reason)
             })
     })
+}
+
+/// Whether `error` says the node's storage failed (an I/O error while Raft ran) without being
+/// found damaged.
+pub fn is_failed_storage(error: &anyhow::Error) -> bool {
+    !is_damaged_storage(error)
+        && error.chain().any(|cause| cause.downcast_ref::<RaftStopped>().is_some_and(|stopped| stopped.storage))
 }
 
 /// Serves until `stop` completes, then stops gracefully. Returns an error if Raft stops on its own
@@ -148,10 +170,10 @@ pub async fn run(config: NodeConfig, stop: impl Future<Output = ()>) -> anyhow::
     let fatal = async {
         loop {
             if let Err(fatal) = &metrics.borrow_and_update().running_state {
-                return fatal.to_string();
+                return RaftStopped::new(fatal);
             }
             if metrics.changed().await.is_err() {
-                return "raft stopped".to_string();
+                return RaftStopped { reason: "raft stopped".into(), storage: false };
             }
         }
     };
@@ -159,9 +181,9 @@ pub async fn run(config: NodeConfig, stop: impl Future<Output = ()>) -> anyhow::
     tokio::select! {
         _ = stop => {}
         fatal = fatal => {
-            tracing::error!(error = %fatal, "raft stopped on its own; the node stops");
+            tracing::error!(error = %fatal.reason, "raft stopped on its own; the node stops");
             let _ = running.stop_now().await;
-            return Err(RaftStopped(fatal).into());
+            return Err(fatal.into());
         }
         damaged = damage.found() => {
             tracing::error!(damage = %damaged, "the storage is damaged; the node stops");
@@ -198,12 +220,18 @@ mod tests {
 
     #[test]
     fn damaged_storage_is_told_from_other_failures_however_it_reaches_the_node() {
-        let stopped = |text: &str| anyhow::Error::new(RaftStopped(text.into())).context("the node stopped");
+        let stopped = |text: &str| {
+            anyhow::Error::new(RaftStopped { reason: text.into(), storage: true }).context("the node stopped")
+        };
         assert!(is_damaged_storage(&stopped(
             "when Read Logs: the Raft log file /data/log/00000000000000000001.segment is damaged at byte 96: \
              the checksum of entry 4 does not match"
         )));
         assert!(is_damaged_storage(&stopped("when Read StateMachine: Corruption: block checksum mismatch")));
         assert!(!is_damaged_storage(&stopped("when Write Logs: No space left on device (os error 28)")));
+        assert!(is_failed_storage(&stopped("when Write Logs: Input/output error (os error 5)")));
+        assert!(!is_failed_storage(&stopped("when Read StateMachine: Corruption: block checksum mismatch")));
+        let panicked = anyhow::Error::new(RaftStopped { reason: "panicked".into(), storage: false });
+        assert!(!is_failed_storage(&panicked) && !is_damaged_storage(&panicked));
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{metric, Cluster, Refused, DEADLINE};
+use statestore_node::server::EXIT_STORAGE_FAILED;
 use statestore_protocol::Response;
 use tokio::sync::Mutex;
 
@@ -332,16 +333,22 @@ async fn terms(cluster: &Cluster) -> BTreeMap<u64, u64> {
     terms
 }
 
-/// A follower paused for longer than the election timeout, three times, comes back as a
+/// A follower paused for longer than the election timeout, at least three times, comes back as a
 /// follower: its pre-vote finds the other nodes still hearing the leader, so it does not stand
-/// for election, and the leader and its term stay as they were.
+/// for election, and the leader and its term stay as they were. Whether a resumed follower holds
+/// a pre-vote at all depends on whether its election timer fires before the leader's next
+/// heartbeat reaches it, so the pauses go on (at most eight) until it has held one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_follower_resumes_without_unseating_the_leader() {
     let cluster = Cluster::start(3, &[]).await;
     let leader = cluster.wait_leader().await;
     let before = terms(&cluster).await;
     let follower = cluster.running().into_iter().find(|id| *id != leader).unwrap();
-    for round in 0..3 {
+    let lost_prevotes = || async {
+        common::metric(&cluster.metrics(follower).await, "statestore_prevotes_total{outcome=\"lost\"}").unwrap_or(0.0)
+    };
+    let mut round = 0;
+    while round < 3 || (round < 8 && lost_prevotes().await < 1.0) {
         cluster.signal(follower, "STOP");
         // Writes while it sleeps leave its log behind the others'.
         for i in 0..20 {
@@ -358,11 +365,12 @@ async fn a_paused_follower_resumes_without_unseating_the_leader() {
             "round {round}: the leader stopped serving after a follower resumed: {answer:?}\n{}",
             cluster.logs()
         );
+        round += 1;
     }
     assert_eq!(cluster.wait_leader().await, leader);
     assert_eq!(terms(&cluster).await, before, "a resumed follower raised the term\n{}", cluster.logs());
-    let prevotes = common::metric(&cluster.metrics(follower).await, "statestore_prevotes_total{outcome=\"lost\"}");
-    assert!(prevotes.is_some_and(|lost| lost >= 1.0), "the follower held no pre-vote: {prevotes:?}");
+    let lost = lost_prevotes().await;
+    assert!(lost >= 1.0, "the follower held no pre-vote in {round} pauses: {lost}");
 }
 
 /// A paused leader is replaced by one of the others, which serves writes; once resumed, the old
@@ -405,15 +413,29 @@ async fn a_paused_leader_is_replaced_and_follows_once_resumed() {
     assert_eq!(read.response, Response::Value(b"v".to_vec()));
 }
 
-/// Three nodes whose `fsync`s wait while `stall(id)` exists (`common::disk`), started, with a
+/// Where the files are that stall or fail a node's `fsync`s while they exist (`common::disk`).
+struct FaultyDisks {
+    dir: std::path::PathBuf,
+}
+
+impl FaultyDisks {
+    fn stall(&self, id: u64) -> std::path::PathBuf {
+        self.dir.join(format!("stall-{id}"))
+    }
+
+    fn fail(&self, id: u64) -> std::path::PathBuf {
+        self.dir.join(format!("fail-{id}"))
+    }
+}
+
+/// Three nodes whose `fsync`s can be stalled or made to fail (`FaultyDisks`), started, with a
 /// leader and every member enrolled.
-async fn with_stallable_disks(args: &[&str]) -> (Cluster, impl Fn(u64) -> std::path::PathBuf, u64) {
+async fn with_faulty_disks(args: &[&str]) -> (Cluster, FaultyDisks, u64) {
     let mut cluster = Cluster::prepare(3, args);
-    let library = common::disk::stall_library(cluster.dir.path());
-    let dir = cluster.dir.path().to_path_buf();
-    let stall = move |id: u64| dir.join(format!("stall-{id}"));
+    let library = common::disk::faulty_disk_library(cluster.dir.path());
+    let disks = FaultyDisks { dir: cluster.dir.path().to_path_buf() };
     for id in 1..=3 {
-        let env = common::disk::stall_env(&library, &stall(id));
+        let env = common::disk::faulty_disk_env(&library, &disks.stall(id), &disks.fail(id));
         cluster.nodes.get_mut(&id).unwrap().env = env;
     }
     for id in 1..=3 {
@@ -426,7 +448,7 @@ async fn with_stallable_disks(args: &[&str]) -> (Cluster, impl Fn(u64) -> std::p
         assert!(started.elapsed() < DEADLINE, "every member enrolled\n{}", cluster.logs());
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    (cluster, stall, leader)
+    (cluster, disks, leader)
 }
 
 /// A leader sends its entries to the followers while it flushes them, and counts as committed
@@ -437,14 +459,15 @@ async fn with_stallable_disks(args: &[&str]) -> (Cluster, impl Fn(u64) -> std::p
 /// answers once its disk is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_disk_stalls_replicates_but_applies_nothing_until_it_has_flushed() {
-    // Stalled for less than the bound at which a leader hands over (the test below).
-    let (cluster, stall, leader) = with_stallable_disks(&["--max-log-fsync-ms", "5000"]).await;
+    // With the watch that hands leadership over off (`0`; the test below has it on): were `0`
+    // taken as a bound of 0 ms, the leader would hand over as soon as its disk stalled.
+    let (cluster, disks, leader) = with_faulty_disks(&["--max-log-fsync-ms", "0"]).await;
     assert_eq!(cluster.set(leader, "before", "v").await.unwrap().response, Response::Ok);
     let before = terms(&cluster).await;
     let followers: Vec<u64> = cluster.running().into_iter().filter(|id| *id != leader).collect();
     let last = cluster.status(leader).await.unwrap()["last_log_index"].as_u64().unwrap();
 
-    std::fs::File::create(stall(leader)).unwrap();
+    std::fs::File::create(disks.stall(leader)).unwrap();
     let stalled_at = Instant::now();
     let cluster = Arc::new(cluster);
     let write = tokio::spawn({
@@ -485,7 +508,7 @@ async fn a_leader_whose_disk_stalls_replicates_but_applies_nothing_until_it_has_
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    std::fs::remove_file(stall(leader)).unwrap();
+    std::fs::remove_file(disks.stall(leader)).unwrap();
     let answer = write.await.unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", cluster.logs()));
     assert_eq!(answer.response, Response::Ok);
     assert_eq!(cluster.wait_leader().await, leader);
@@ -510,9 +533,9 @@ async fn a_leader_whose_disk_stalls_replicates_but_applies_nothing_until_it_has_
 /// leader follows and holds the writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_disk_does_not_return_hands_leadership_over() {
-    let (cluster, stall, old) = with_stallable_disks(&[]).await;
+    let (cluster, disks, old) = with_faulty_disks(&[]).await;
     let others: Vec<u64> = cluster.running().into_iter().filter(|id| *id != old).collect();
-    std::fs::File::create(stall(old)).unwrap();
+    std::fs::File::create(disks.stall(old)).unwrap();
     let stalled_at = Instant::now();
     // A write starts the fsync that does not return (an idle leader has nothing to flush). Its
     // answer is not known in advance: the entry reached the followers, and the next leader may
@@ -541,7 +564,7 @@ async fn a_leader_whose_disk_does_not_return_hands_leadership_over() {
     let logs = cluster.logs();
     assert!(logs.contains("this node's disk does not return"), "node {old} did not say why it handed over\n{logs}");
 
-    std::fs::remove_file(stall(old)).unwrap();
+    std::fs::remove_file(disks.stall(old)).unwrap();
     let stuck = stuck.await.unwrap();
     assert!(
         !matches!(&stuck, Ok(answer) if answer.response != Response::Ok),
@@ -557,5 +580,68 @@ async fn a_leader_whose_disk_does_not_return_hands_leadership_over() {
     let during = cluster.get_local(new, "during-stall").await.unwrap().response;
     for id in cluster.running() {
         assert_eq!(cluster.get_local(id, "during-stall").await.unwrap().response, during, "node {id}");
+    }
+}
+
+/// A node whose log `fsync` fails (`EIO`, as from a disk that lost a write) stops at once: what
+/// it appended may not be on its disk, so it must not count it towards a quorum, apply it or
+/// answer it, and a later `fsync` that succeeds proves nothing about the pages the failed one
+/// dropped. A follower stops and the others go on; the leader stops without answering the write
+/// whose flush failed, and another node leads. Each comes back once its disk is healthy again,
+/// and every node agrees on every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_log_fsync_fails_stops_and_the_others_go_on() {
+    let (mut cluster, disks, leader) = with_faulty_disks(&[]).await;
+    let follower = cluster.running().into_iter().find(|id| *id != leader).unwrap();
+
+    std::fs::File::create(disks.fail(follower)).unwrap();
+    let answer = cluster.set(leader, "follower-failed", "v").await;
+    assert!(
+        answer.as_ref().is_ok_and(|answer| answer.response == Response::Ok),
+        "a write with one follower's disk failing: {answer:?}\n{}",
+        cluster.logs()
+    );
+    let Some(status) = cluster.wait_exit(follower, Duration::from_secs(10)) else {
+        panic!("node {follower} went on after its log fsync failed\n{}", cluster.logs());
+    };
+    assert_eq!(status.code(), Some(EXIT_STORAGE_FAILED), "node {follower}: {status}\n{}", cluster.logs());
+    assert_eq!(cluster.set(leader, "follower-gone", "v").await.unwrap().response, Response::Ok);
+    std::fs::remove_file(disks.fail(follower)).unwrap();
+    cluster.spawn(follower);
+
+    std::fs::File::create(disks.fail(leader)).unwrap();
+    let answer = cluster.set(leader, "leader-failed", "v").await;
+    assert!(
+        !answer.as_ref().is_ok_and(|answer| answer.response == Response::Ok),
+        "the leader acknowledged a write whose flush failed: {answer:?}"
+    );
+    let Some(status) = cluster.wait_exit(leader, Duration::from_secs(10)) else {
+        panic!("the leader, node {leader}, went on after its log fsync failed\n{}", cluster.logs());
+    };
+    let logs = cluster.logs();
+    assert_eq!(status.code(), Some(EXIT_STORAGE_FAILED), "node {leader}: {status}\n{logs}");
+    assert!(logs.contains("Input/output error"), "the log names the failure\n{logs}");
+    let new = cluster.wait_leader().await;
+    assert_ne!(new, leader);
+    assert_eq!(cluster.set(new, "leader-gone", "v").await.unwrap().response, Response::Ok);
+
+    std::fs::remove_file(disks.fail(leader)).unwrap();
+    cluster.spawn(leader);
+    let applied = cluster.status(new).await.unwrap()["applied_index"].as_u64().unwrap();
+    for id in 1..=3 {
+        cluster.wait_applied(id, applied).await;
+        for key in ["follower-failed", "follower-gone", "leader-gone"] {
+            assert_eq!(
+                cluster.get_local(id, key).await.unwrap().response,
+                Response::Value(b"v".to_vec()),
+                "{key} on {id}"
+            );
+        }
+    }
+    // The write whose flush failed on the leader was not answered; it may have been committed
+    // by the others since (it reached them), but every node agrees on it.
+    let unanswered = cluster.get_local(new, "leader-failed").await.unwrap().response;
+    for id in 1..=3 {
+        assert_eq!(cluster.get_local(id, "leader-failed").await.unwrap().response, unanswered, "node {id}");
     }
 }
