@@ -56,7 +56,7 @@ fn main() -> anyhow::Result<()> {
             eprintln!(
                 "statestore: the disk under {} failed: {e:#}\n\
                  What the node wrote since its last good flush may not be on the disk, so it stops \
-                 rather than count it. Check the disk before starting the node again \
+                 rather than count it. Check the disk (its free space, the kernel log) before starting the node again \
                  (docs/operations.md, \"A disk that fails\").",
                 data_dir.display()
             );
