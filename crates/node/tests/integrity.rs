@@ -114,6 +114,24 @@ async fn a_damaged_raft_log_stops_the_node_instead_of_dropping_acknowledged_writ
     assert_stops_as_damaged(&mut cluster, "Raft log");
 }
 
+/// A crash can leave a sector of zeros only in a write that was never flushed, so never
+/// committed. A sector zeroed in the middle of what the node had committed looks the same to a
+/// checksum, but the node knows it had flushed that record: it stops instead of cutting its log
+/// there and zeroing the committed records after it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zeroed_sector_in_committed_raft_log_records_stops_the_node() {
+    let mut cluster = written_and_killed().await;
+    let log = cluster.nodes[&1].data_dir.join("log");
+    let (segment, _) = files(&log, ".segment").into_iter().next().expect("a log segment");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let written = bytes.iter().rposition(|&b| b != 0).expect("records in the segment");
+    assert!(written > 100_000, "{KEYS} writes are in the log ({written} bytes)");
+    let sector = written / 2 / 512 * 512;
+    bytes[sector..sector + 512].fill(0);
+    std::fs::write(&segment, bytes).unwrap();
+    assert_stops_as_damaged(&mut cluster, "Raft log");
+}
+
 /// A table file cut short (a disk that lost its tail) is found when the database opens.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_truncated_table_file_stops_the_node() {

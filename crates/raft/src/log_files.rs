@@ -20,7 +20,9 @@
 //! checksum fails is a write torn by a crash if some 512-byte sector of it is all zeros (never
 //! written: it was not fsynced, so never acknowledged); the log is cut there. Any other bad
 //! record (a checksum that fails with every sector written, an index out of order, a length past
-//! the file's end) is damage, and opening fails instead of dropping what follows it. Bytes left
+//! the file's end) is damage, and opening fails instead of dropping what follows it. So is a
+//! record that looks torn, or missing with data after it, at an entry the node had committed: it
+//! commits only what it has flushed, and a crash tears only what was not. Bytes left
 //! after a cut, or after the last record (a crash can write later sectors and not earlier ones),
 //! are zeroed, and later segments deleted, before the log is used again: a stale record must
 //! never look like the continuation of new ones.
@@ -229,6 +231,13 @@ impl LogFiles {
     /// Opens the log in `dir` (created if missing), repairing an unfinished write at its end;
     /// damage anywhere else fails the open.
     pub fn open(dir: &Path) -> Result<(LogFiles, Recovery), LogFileError> {
+        Self::open_holding(dir, 0)
+    }
+
+    /// Opens the log as [`LogFiles::open`] does, for a node that had committed the entries up to
+    /// `committed` (0 for none): it had flushed them, so a repair that would cut the log at or
+    /// below that entry is damage, and fails the open.
+    pub fn open_holding(dir: &Path, committed: u64) -> Result<(LogFiles, Recovery), LogFileError> {
         std::fs::create_dir_all(dir).map_err(io_error(dir))?;
         let mut names: Vec<(u64, PathBuf)> = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
@@ -264,7 +273,7 @@ impl LogFiles {
                     });
                 }
             }
-            let (segment, zeroed, ended_early) = Self::read_segment(first, &path)?;
+            let (segment, zeroed, ended_early) = Self::read_segment(first, &path, committed)?;
             recovery.zeroed_bytes += zeroed;
             cut = ended_early;
             log.segments.push(segment);
@@ -278,7 +287,7 @@ impl LogFiles {
     /// Reads one segment's records; zeroes what follows its last whole record. Returns the
     /// segment, the bytes zeroed, and whether its records ended before a torn write (so later
     /// segments hold nothing that was acknowledged).
-    fn read_segment(first: u64, path: &Path) -> Result<(Segment, u64, bool), LogFileError> {
+    fn read_segment(first: u64, path: &Path, committed: u64) -> Result<(Segment, u64, bool), LogFileError> {
         let file = OpenOptions::new().read(true).write(true).open(path).map_err(io_error(path))?;
         let capacity = file.metadata().map_err(io_error(path))?.len();
         // Only what was ever written is read: the allocated rest reads as zeros.
@@ -313,6 +322,15 @@ impl LogFiles {
             }
             if checksum(index, &bytes[at + HEADER..end]) != crc {
                 if has_unwritten_sector(&bytes, at, end) {
+                    if index <= committed {
+                        return Err(damaged(
+                            at,
+                            format!(
+                                "the checksum of entry {index} does not match and part of it is zeros, but this \
+                                 node had committed the entries up to {committed}, so it had flushed it whole"
+                            ),
+                        ));
+                    }
                     torn = true;
                     break;
                 }
@@ -324,6 +342,16 @@ impl LogFiles {
         let head = at.min(bytes.len()) as u64;
         let leftover = bytes.get(head as usize..).and_then(|rest| rest.iter().rposition(|&b| b != 0));
         let leftover = leftover.map(|last| head + last as u64 + 1);
+        let next = first + offsets.len() as u64;
+        if leftover.is_some() && !torn && next <= committed {
+            return Err(damaged(
+                head as usize,
+                format!(
+                    "entry {next} is zeros with data after it, but this node had committed the entries up to \
+                     {committed}, so it had flushed it"
+                ),
+            ));
+        }
         let file = Arc::new(SegmentFile { path: path.to_path_buf(), file });
         let mut zeroed = 0;
         if let Some(end) = leftover {
@@ -693,6 +721,41 @@ mod tests {
         let (log, recovery) = LogFiles::open(dir.path()).unwrap();
         assert_eq!(log.last_index(), Some(1), "cut before the torn record");
         assert!(recovery.zeroed_bytes > 0, "{recovery:?}");
+    }
+
+    /// A node commits only what it has flushed, so a record that looks torn at an entry it had
+    /// committed was damaged after it was written: the log is not cut there.
+    #[test]
+    fn a_torn_looking_record_the_node_had_committed_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = LogFiles::open(dir.path()).unwrap();
+        let large = vec![3u8; 2000];
+        append(&mut log, 1..=3);
+        log.append([(4, &large[..])]).unwrap();
+        append(&mut log, 5..=6);
+        let (path, offset, end) = record_at(dir.path(), &log, 4);
+        drop(log);
+        let first_whole_sector = (offset / 512 + 1) * 512;
+        write_at(&path, first_whole_sector, &vec![0u8; 512]);
+        let error = LogFiles::open_holding(dir.path(), 5).err().expect("damage fails the open");
+        assert!(
+            matches!(&error, LogFileError::Damaged { offset: at, .. } if *at == offset)
+                && error.to_string().contains("entry 4")
+                && error.to_string().contains("committed the entries up to 5"),
+            "{error}"
+        );
+        // A header zeroed with records after it, below the committed entry, is damage too.
+        let mut header = [0u8; HEADER];
+        File::open(&path).unwrap().read_exact_at(&mut header, offset).unwrap();
+        write_at(&path, offset, &[0u8; HEADER]);
+        let error = LogFiles::open_holding(dir.path(), 4).err().expect("damage fails the open");
+        assert!(error.to_string().contains("entry 4 is zeros with data after it"), "{error}");
+        // Nothing was repaired meanwhile: the same damage, with entry 4 not known to be
+        // committed, is a torn write and is cut there.
+        write_at(&path, offset, &header);
+        let (log, recovery) = LogFiles::open_holding(dir.path(), 3).unwrap();
+        assert_eq!(log.last_index(), Some(3), "cut before the torn record");
+        assert!(recovery.zeroed_bytes > 0 && end > offset, "{recovery:?}");
     }
 
     #[test]

@@ -330,7 +330,11 @@ fn open_files(db: &DB, dir: &Path) -> Result<LogFiles, crate::OpenError> {
             .and_then(|()| db.delete_cf(log, [0xffu8; 8]))
             .map_err(|source| crate::OpenError::Db { path: LEGACY_LOG_CF.into(), source })?;
     }
-    let (files, recovery) = LogFiles::open(dir).map_err(crate::OpenError::Log)?;
+    // A node commits only entries it has flushed: a repair must not cut below them.
+    let committed: Option<Option<LogId>> = read_meta(db, COMMITTED)
+        .map_err(|e| crate::OpenError::State { path: dir.display().to_string(), detail: e.to_string() })?;
+    let committed = committed.flatten().map_or(0, |id| id.index);
+    let (files, recovery) = LogFiles::open_holding(dir, committed).map_err(crate::OpenError::Log)?;
     if recovery.deleted_segments > 0 {
         tracing::warn!(
             segments = recovery.deleted_segments,
