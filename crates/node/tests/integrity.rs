@@ -96,21 +96,29 @@ async fn a_damaged_wal_stops_the_node_instead_of_dropping_what_it_holds() {
     assert_stops_as_damaged(&mut cluster, "WAL");
 }
 
+/// Applies `change` to node 1's Raft log segment from the middle of what was written to the
+/// end of the file (the segment is allocated whole, so the middle of the file is zeros).
+fn change_the_raft_log_middle(cluster: &Cluster, change: impl FnOnce(&mut [u8])) {
+    let log = cluster.nodes[&1].data_dir.join("log");
+    let (segment, _) = files(&log, ".segment").into_iter().next().expect("a log segment");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let written = bytes.iter().rposition(|&b| b != 0).expect("records in the segment");
+    assert!(written > 100_000, "{KEYS} writes are in the log ({written} bytes)");
+    change(&mut bytes[written / 2..]);
+    std::fs::write(&segment, bytes).unwrap();
+}
+
 /// A Raft log segment is allocated whole, so the middle of the file is zeros: the damage goes
 /// into the middle of what was written. A bad record with more records after it is not cut off
 /// as if a crash had torn it: the node stops instead of coming back without acknowledged writes.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_damaged_raft_log_stops_the_node_instead_of_dropping_acknowledged_writes() {
     let mut cluster = written_and_killed().await;
-    let log = cluster.nodes[&1].data_dir.join("log");
-    let (segment, _) = files(&log, ".segment").into_iter().next().expect("a log segment");
-    let mut bytes = std::fs::read(&segment).unwrap();
-    let written = bytes.iter().rposition(|&b| b != 0).expect("records in the segment");
-    assert!(written > 100_000, "{KEYS} writes are in the log ({written} bytes)");
-    for byte in &mut bytes[written / 2..written / 2 + 64] {
-        *byte ^= 0x5a;
-    }
-    std::fs::write(&segment, bytes).unwrap();
+    change_the_raft_log_middle(&cluster, |middle| {
+        for byte in middle.iter_mut().take(64) {
+            *byte ^= 0x5a;
+        }
+    });
     assert_stops_as_damaged(&mut cluster, "Raft log");
 }
 
@@ -121,14 +129,11 @@ async fn a_damaged_raft_log_stops_the_node_instead_of_dropping_acknowledged_writ
 #[tokio::test(flavor = "multi_thread")]
 async fn a_zeroed_sector_in_committed_raft_log_records_stops_the_node() {
     let mut cluster = written_and_killed().await;
-    let log = cluster.nodes[&1].data_dir.join("log");
-    let (segment, _) = files(&log, ".segment").into_iter().next().expect("a log segment");
-    let mut bytes = std::fs::read(&segment).unwrap();
-    let written = bytes.iter().rposition(|&b| b != 0).expect("records in the segment");
-    assert!(written > 100_000, "{KEYS} writes are in the log ({written} bytes)");
-    let sector = written / 2 / 512 * 512;
-    bytes[sector..sector + 512].fill(0);
-    std::fs::write(&segment, bytes).unwrap();
+    change_the_raft_log_middle(&cluster, |middle| {
+        // The first whole sector of the file inside `middle` (the file is whole sectors long).
+        let sector = middle.len() % 512;
+        middle[sector..sector + 512].fill(0);
+    });
     assert_stops_as_damaged(&mut cluster, "Raft log");
 }
 

@@ -679,16 +679,20 @@ mod tests {
         OpenOptions::new().write(true).open(path).unwrap().write_all_at(bytes, offset).unwrap();
     }
 
+    /// A closed log of entries 1 to 6, entry 4 spanning several sectors; the segment's path and
+    /// entry 4's start and end.
+    fn six_records_the_fourth_large(dir: &Path) -> (PathBuf, u64, u64) {
+        let (mut log, _) = LogFiles::open(dir).unwrap();
+        append(&mut log, 1..=3);
+        log.append([(4, &vec![3u8; 2000][..])]).unwrap();
+        append(&mut log, 5..=6);
+        record_at(dir, &log, 4)
+    }
+
     #[test]
     fn a_write_torn_by_a_crash_is_cut_off_and_zeroed() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut log, _) = LogFiles::open(dir.path()).unwrap();
-        let large = vec![3u8; 2000];
-        append(&mut log, 1..=3);
-        log.append([(4, &large[..])]).unwrap();
-        append(&mut log, 5..=6);
-        let (path, offset, end) = record_at(dir.path(), &log, 4);
-        drop(log);
+        let (path, offset, end) = six_records_the_fourth_large(dir.path());
         // Entry 4's last sectors never reached the disk; entries 5 and 6 after it did.
         let first_whole_sector = (offset / 512 + 1) * 512;
         write_at(&path, first_whole_sector, &vec![0u8; (end - first_whole_sector) as usize]);
@@ -728,13 +732,7 @@ mod tests {
     #[test]
     fn a_torn_looking_record_the_node_had_committed_is_damage() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut log, _) = LogFiles::open(dir.path()).unwrap();
-        let large = vec![3u8; 2000];
-        append(&mut log, 1..=3);
-        log.append([(4, &large[..])]).unwrap();
-        append(&mut log, 5..=6);
-        let (path, offset, end) = record_at(dir.path(), &log, 4);
-        drop(log);
+        let (path, offset, end) = six_records_the_fourth_large(dir.path());
         let first_whole_sector = (offset / 512 + 1) * 512;
         write_at(&path, first_whole_sector, &vec![0u8; 512]);
         let error = LogFiles::open_holding(dir.path(), 5).err().expect("damage fails the open");
