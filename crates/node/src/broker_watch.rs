@@ -3,7 +3,7 @@
 //! Every request and every answer goes through the broker, so a leader that has lost its broker
 //! serves nobody while Raft, healthy, gives nobody a reason to take over. So:
 //!
-//! - A node that is not connected never stands for election ([`statestore_raft::Elector::may_lead`]).
+//! - A node that is not connected never stands for election ([`statestore_raft::Elector::restrain`]).
 //! - A leader that has been without its broker for longer than the lease (the election
 //!   timeout's upper bound) asks the other voters whether they are ready (`GET /ready`: connected
 //!   to the broker, caught up, hearing the leader). If one is, it hands leadership over: it stops
@@ -28,6 +28,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use statestore_api::body::Up;
+use statestore_raft::Restraint;
 
 use crate::node::Node;
 
@@ -53,13 +54,13 @@ pub(crate) async fn follow_broker(node: Arc<Node>, mut connected: watch::Receive
     let Some(client) = readiness_client(&node, lease) else { return };
     loop {
         if *connected.borrow_and_update() {
-            node.elector.may_lead(true);
+            node.elector.restrain(Restraint::NoBroker, false);
             if connected.changed().await.is_err() {
                 return;
             }
             continue;
         }
-        node.elector.may_lead(false);
+        node.elector.restrain(Restraint::NoBroker, true);
         let lost = Instant::now();
         let mut handover = Handover::None;
         let mut look = tokio::time::interval(LOOK_EVERY);
@@ -158,13 +159,13 @@ pub(crate) async fn without_broker(node: Arc<Node>) {
             Some(since) if since.elapsed() >= lease * HANDOVER_WINDOW => {
                 tracing::warn!("no node with a broker took over; leading on");
                 node.resume_serving();
-                node.elector.may_lead(true);
+                node.elector.restrain(Restraint::NoBroker, false);
                 None
             }
             Some(since) => Some(since),
             None => {
                 let brokered = ready_voter(&node, &client).await;
-                node.elector.may_lead(brokered.is_none());
+                node.elector.restrain(Restraint::NoBroker, brokered.is_some());
                 match brokered {
                     Some(peer) if leads => {
                         tracing::warn!(

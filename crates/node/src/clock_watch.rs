@@ -8,17 +8,19 @@
 //! - A follower whose clock is more than `--max-clock-offset-ms` away from its leader's is not
 //!   ready (`GET /ready`).
 //! - A candidate whose clock disagrees with most voters' does not stand (the elector checks
-//!   after its pre-vote).
+//!   after its pre-vote), unless no leader has been known for a while (the elector's last
+//!   resort): the voters left may be unable to elect one of themselves without it, when its log
+//!   is the longest among them.
 //! - A leader proposes nothing while its clock disagrees with most voters' ([`ClockCheck`] in
-//!   the pipeline), and then hands leadership over: it stops its heartbeats and refuses new
-//!   work, the others elect one of themselves, and it follows. A leader that does not yet know
-//!   the clocks of a majority (it has just been elected) waits for one heartbeat round before
-//!   its first proposal.
+//!   the pipeline), and then hands leadership over: it stops its heartbeats, refuses new work
+//!   and grants the others' pre-votes, the others elect one of themselves, and it follows. A
+//!   leader that does not yet know the clocks of a majority (it has just been elected) waits for
+//!   one heartbeat round before its first proposal.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use statestore_raft::{NodeId, PeerClocks, Raft};
+use statestore_raft::{NodeId, PeerClocks, Raft, Restraint};
 
 use crate::node::Node;
 
@@ -92,11 +94,19 @@ fn describe_offset(offset_ms: i64) -> String {
     }
 }
 
-/// Hands leadership over while this node leads with a clock that disagrees with most voters'.
+/// Hands leadership over while this node leads with a clock that disagrees with most voters',
+/// and keeps it from standing for election meanwhile but as a last resort
+/// ([`Restraint::ClockOff`]): a leader so restrained grants the others' pre-votes, so that one
+/// of them takes over even when the rest of a quorum cannot elect without its vote.
 pub(crate) async fn follow_clocks(node: Arc<Node>, check: ClockCheck, every: Duration) {
-    let disagrees = move || match check.verdict() {
-        ClockVerdict::Disagrees(why) => Some(why),
-        ClockVerdict::Agrees | ClockVerdict::Unknown => None,
+    let elector = node.elector.clone();
+    let disagrees = move || {
+        let why = match check.verdict() {
+            ClockVerdict::Disagrees(why) => Some(why),
+            ClockVerdict::Agrees | ClockVerdict::Unknown => None,
+        };
+        elector.restrain(Restraint::ClockOff, why.is_some());
+        why
     };
     node.hand_over_while(
         every,

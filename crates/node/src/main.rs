@@ -52,6 +52,16 @@ fn main() -> anyhow::Result<()> {
             );
             std::process::exit(EXIT_DAMAGED_STORAGE);
         }
+        if server::is_full_disk(e) {
+            eprintln!(
+                "statestore: the disk under {} is full: {e:#}\n\
+                 The node cannot write what it must keep, so it stops rather than go on without it. Free \
+                 space on that disk (or move the data directory to a larger one) and start the node again \
+                 (docs/operations.md, \"A disk that fails\").",
+                data_dir.display()
+            );
+            std::process::exit(EXIT_STORAGE_FAILED);
+        }
         if server::is_failed_storage(e) {
             eprintln!(
                 "statestore: the disk under {} failed: {e:#}\n\

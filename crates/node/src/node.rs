@@ -127,6 +127,7 @@ impl Node {
     pub async fn start(config: &NodeConfig) -> anyhow::Result<Arc<Node>> {
         let metrics = Metrics::new()?;
         let storage_metrics = StorageMetrics::register(&metrics.registry)?;
+        statestore_raft::DiskSpace::register(&metrics.registry, &config.data_dir)?;
         let storage =
             statestore_raft::open(&config.data_dir, MachineConfig::default(), storage_metrics, config.restored)?;
         let raft_config = openraft::Config {
@@ -444,7 +445,7 @@ impl Node {
     /// stopping node no longer stands for election, on its own or when asked.
     pub async fn hand_over_leadership(&self) {
         self.end_duties();
-        self.elector.may_lead(false);
+        self.elector.restrain(statestore_raft::Restraint::Stopping, true);
         if self.raft.metrics().borrow().state != openraft::ServerState::Leader || self.elector.other_voters().is_empty()
         {
             return;

@@ -154,11 +154,22 @@ pub fn is_damaged_storage(error: &anyhow::Error) -> bool {
     })
 }
 
-/// Whether `error` says the node's storage failed (an I/O error while Raft ran) without being
-/// found damaged.
+/// Whether `error` says the node's storage failed without being found damaged: an I/O error
+/// while Raft ran, or a disk that failed or is full when the node started.
 pub fn is_failed_storage(error: &anyhow::Error) -> bool {
     !is_damaged_storage(error)
-        && error.chain().any(|cause| cause.downcast_ref::<RaftStopped>().is_some_and(|stopped| stopped.storage))
+        && error.chain().any(|cause| {
+            cause.downcast_ref::<RaftStopped>().is_some_and(|stopped| stopped.storage)
+                || cause
+                    .downcast_ref::<statestore_raft::OpenError>()
+                    .is_some_and(statestore_raft::OpenError::is_disk_failure)
+                || cause.downcast_ref::<std::io::Error>().is_some_and(statestore_raft::is_disk_failure)
+        })
+}
+
+/// Whether `error` says the node's disk is full.
+pub fn is_full_disk(error: &anyhow::Error) -> bool {
+    is_failed_storage(error) && statestore_raft::describes_full_disk(&format!("{error:#}"))
 }
 
 /// Serves until `stop` completes, then stops gracefully. Returns an error if Raft stops on its own
@@ -233,5 +244,29 @@ mod tests {
         assert!(!is_failed_storage(&stopped("when Read StateMachine: Corruption: block checksum mismatch")));
         let panicked = anyhow::Error::new(RaftStopped { reason: "panicked".into(), storage: false });
         assert!(!is_failed_storage(&panicked) && !is_damaged_storage(&panicked));
+        let full = stopped("when Write StateMachine: IO error: No space left on device: While appending to file");
+        assert!(is_failed_storage(&full) && is_full_disk(&full));
+        assert!(!is_full_disk(&stopped("when Write Logs: Input/output error (os error 5)")));
+    }
+
+    #[test]
+    fn a_disk_that_fails_or_fills_at_start_is_told_from_other_start_errors() {
+        // Linux's errno values.
+        const EIO: i32 = 5;
+        const EACCES: i32 = 13;
+        const ENOSPC: i32 = 28;
+        const EROFS: i32 = 30;
+        let open = |source: std::io::Error| {
+            anyhow::Error::new(statestore_raft::OpenError::Io { path: "/data".into(), source })
+                .context("opening the storage")
+        };
+        let full = open(std::io::Error::from_raw_os_error(ENOSPC));
+        assert!(is_failed_storage(&full) && is_full_disk(&full));
+        let failed = open(std::io::Error::from_raw_os_error(EIO));
+        assert!(is_failed_storage(&failed) && !is_full_disk(&failed));
+        let denied = open(std::io::Error::from_raw_os_error(EACCES));
+        assert!(!is_failed_storage(&denied) && !is_damaged_storage(&denied));
+        let plain = anyhow::Error::new(std::io::Error::from_raw_os_error(EROFS));
+        assert!(is_failed_storage(&plain));
     }
 }

@@ -426,17 +426,27 @@ impl FaultyDisks {
     fn fail(&self, id: u64) -> std::path::PathBuf {
         self.dir.join(format!("fail-{id}"))
     }
+
+    fn full(&self, id: u64) -> std::path::PathBuf {
+        self.dir.join(format!("full-{id}"))
+    }
 }
 
-/// Three nodes whose `fsync`s can be stalled or made to fail (`FaultyDisks`), started, with a
-/// leader and every member enrolled.
+/// Three nodes whose `fsync`s can be stalled or made to fail and whose disks can fill up
+/// (`FaultyDisks`), started, with a leader and every member enrolled.
 async fn with_faulty_disks(args: &[&str]) -> (Cluster, FaultyDisks, u64) {
     let mut cluster = Cluster::prepare(3, args);
     let library = common::disk::faulty_disk_library(cluster.dir.path());
     let disks = FaultyDisks { dir: cluster.dir.path().to_path_buf() };
     for id in 1..=3 {
-        let env = common::disk::faulty_disk_env(&library, &disks.stall(id), &disks.fail(id));
-        cluster.nodes.get_mut(&id).unwrap().env = env;
+        let node = cluster.nodes.get_mut(&id).unwrap();
+        let faults = common::disk::DiskFaults {
+            stall: &disks.stall(id),
+            fail: &disks.fail(id),
+            full: &disks.full(id),
+            data_dir: &node.data_dir,
+        };
+        node.env = common::disk::faulty_disk_env(&library, &faults);
     }
     for id in 1..=3 {
         cluster.spawn(id);
@@ -643,5 +653,71 @@ async fn a_node_whose_log_fsync_fails_stops_and_the_others_go_on() {
     let unanswered = cluster.get_local(new, "leader-failed").await.unwrap().response;
     for id in 1..=3 {
         assert_eq!(cluster.get_local(id, "leader-failed").await.unwrap().response, unanswered, "node {id}");
+    }
+}
+
+/// A full disk refuses new space (an append, a write past a file's end, an allocation) while
+/// the space a node already has (its preallocated Raft log segment) still takes writes. A node
+/// whose disk fills stops with exit code 4, its log naming "No space left on device", once it
+/// needs space (at the latest when asked to snapshot, which flushes its tables); started again
+/// on the full disk it stops the same way at once. Nothing acknowledged is lost: once space is
+/// freed it starts and catches up, and all three agree. First a follower's disk fills, then the
+/// leader's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_disk_fills_stops_and_the_others_go_on() {
+    let (mut cluster, disks, leader) = with_faulty_disks(&[]).await;
+    let follower = cluster.running().into_iter().find(|id| *id != leader).unwrap();
+    let mut acknowledged = Vec::new();
+    for full in [follower, leader] {
+        let leading = cluster.wait_leader().await;
+        std::fs::File::create(disks.full(full)).unwrap();
+        // A follower's full disk stops no write; the leader's may, and then the write is not
+        // acknowledged.
+        for i in 0..20 {
+            let key = format!("node-{full}-full-{i}");
+            match cluster.set(leading, &key, "v").await {
+                Ok(answer) if answer.response == Response::Ok => acknowledged.push(key),
+                answer => {
+                    assert_eq!(leading, full, "{key} on node {leading}: {answer:?}\n{}", cluster.logs());
+                    break;
+                }
+            }
+        }
+        let snapshot = cluster.http.post(format!("{}/cluster/snapshot", cluster.url(full))).send().await;
+        let Some(status) = cluster.wait_exit(full, Duration::from_secs(10)) else {
+            panic!("node {full} went on after its disk filled (snapshot: {snapshot:?})\n{}", cluster.logs());
+        };
+        let logs = cluster.logs();
+        assert_eq!(status.code(), Some(EXIT_STORAGE_FAILED), "node {full}: {status}\n{logs}");
+        assert!(logs.contains("No space left on device"), "the log names the cause\n{logs}");
+        let leading = cluster.wait_leader().await;
+        let key = format!("node-{full}-stopped");
+        assert_eq!(cluster.set(leading, &key, "v").await.unwrap().response, Response::Ok, "{key}");
+        acknowledged.push(key);
+
+        cluster.spawn(full);
+        let Some(status) = cluster.wait_exit(full, Duration::from_secs(10)) else {
+            panic!("node {full} started on a full disk and went on\n{}", cluster.logs());
+        };
+        assert_eq!(
+            status.code(),
+            Some(EXIT_STORAGE_FAILED),
+            "node {full} on a full disk: {status}\n{}",
+            cluster.logs()
+        );
+
+        std::fs::remove_file(disks.full(full)).unwrap();
+        cluster.spawn(full);
+        let applied = cluster.status(leading).await.unwrap()["applied_index"].as_u64().unwrap();
+        cluster.wait_applied(full, applied).await;
+    }
+    for id in 1..=3 {
+        for key in &acknowledged {
+            assert_eq!(
+                cluster.get_local(id, key).await.unwrap().response,
+                Response::Value(b"v".to_vec()),
+                "{key} on {id}"
+            );
+        }
     }
 }

@@ -19,7 +19,8 @@
 //! simply follows.
 //!
 //! A candidate whose clock disagrees with most voters' clocks as the pre-vote's answers show them
-//! (beyond the bound of [`crate::clocks::PeerClocks`]) does not stand either.
+//! (beyond the bound of [`crate::clocks::PeerClocks`]) does not stand either, but as a last
+//! resort (below).
 //!
 //! A leader told to stop hands its leadership over first ([`Elector::hand_over`]): once a voter's
 //! log matches its own, everything in it applied, it asks that voter to stand at once
@@ -32,17 +33,20 @@
 //! follow the new leader at its first append. Where the two votes are not a quorum (five voters
 //! or more), or anything fails, the cluster elects a leader as after any leader loss.
 //!
-//! A node may also be told it must not lead ([`Elector::may_lead`]), e.g. while it cannot reach
-//! the broker its clients talk through: it then does not stand, and while it still leads it
-//! grants pre-votes to candidates whose log is as up to date as its own, so that a node that can
-//! serve takes over (the node stops its heartbeats for that). That is a preference, not a
-//! veto: a voter that has known no leader for [`LAST_RESORT_LEASES`] leases stands (with its
-//! pre-vote) even so. Otherwise a cluster whose only voters allowed to lead have shorter logs
-//! than the rest, or a leader lost while the broker is gone for everyone, would leave the
-//! cluster without a leader until a broker came back, though a quorum can talk.
+//! A node may also be told it must not lead ([`Elector::restrain`], for a [`Restraint`]: while it
+//! cannot reach the broker its clients talk through, while its clock disagrees with the others',
+//! while it stops): it then does not stand, and while it still leads it grants pre-votes to
+//! candidates whose log is as up to date as its own, so that a node that can serve takes over
+//! (the node stops its heartbeats for that). That is a preference, not a veto: a voter that has
+//! known no leader for [`LAST_RESORT_LEASES`] leases stands (with its pre-vote) even so, and
+//! hands over again once it leads. Otherwise a cluster whose only voters allowed to lead have
+//! shorter logs than the rest (a voter paused or cut off a moment ago, while the leader is lost),
+//! or a leader lost while the broker is gone for everyone, would be left without a leader, though
+//! a quorum can talk: the voter with the longest log would not stand, and the others could not
+//! win its vote.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -99,6 +103,24 @@ pub enum StandResponse {
     Refused(String),
 }
 
+/// Why a node must not lead now. Each is set and cleared on its own by what watches it; the node
+/// may lead while none is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restraint {
+    /// It cannot reach the broker its clients talk through.
+    NoBroker,
+    /// Its clock disagrees with most voters' clocks.
+    ClockOff,
+    /// It is stopping.
+    Stopping,
+}
+
+impl Restraint {
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
 /// When a node stands for election. Cheap to clone.
 #[derive(Clone)]
 pub struct Elector {
@@ -115,8 +137,9 @@ pub struct Elector {
     spread: Duration,
     /// How often the elector looks; also the deadline of one pre-vote request.
     tick: Duration,
-    /// False while this node must not lead: it does not stand, and leading it lets others stand.
-    may_lead: Arc<AtomicBool>,
+    /// The [`Restraint`]s set now, one bit each: while any is, this node does not stand, and
+    /// leading it lets others stand.
+    restraints: Arc<AtomicU8>,
     /// When this node last heard from a leader other than itself (see [`Elector::leader_heard_at`]).
     leader_heard: Arc<Mutex<Option<std::time::Instant>>>,
     metrics: ElectionMetrics,
@@ -182,7 +205,7 @@ impl Elector {
             min_timeout: min,
             spread: max.saturating_sub(min),
             tick,
-            may_lead: Arc::new(AtomicBool::new(true)),
+            restraints: Arc::default(),
             leader_heard: Arc::default(),
             metrics: ElectionMetrics::register(registry)?,
         })
@@ -224,17 +247,22 @@ impl Elector {
         *self.leader_heard.lock().unwrap()
     }
 
-    /// Allows or forbids this node to lead. While forbidden it never stands for election and,
-    /// if it leads, grants pre-votes as a follower that has not heard from a leader would.
-    pub fn may_lead(&self, allowed: bool) {
-        let was = self.may_lead.swap(allowed, Ordering::SeqCst);
-        if was != allowed {
-            tracing::info!(allowed, "this node may lead: {allowed}");
+    /// Sets (`on`) or clears one reason this node must not lead. While any is set it stands for
+    /// election only as a last resort and, if it leads, grants pre-votes as a follower that has
+    /// not heard from a leader would.
+    pub fn restrain(&self, why: Restraint, on: bool) {
+        let before = if on {
+            self.restraints.fetch_or(why.bit(), Ordering::SeqCst)
+        } else {
+            self.restraints.fetch_and(!why.bit(), Ordering::SeqCst)
+        };
+        if (before & why.bit() != 0) != on {
+            tracing::info!(restraint = ?why, on, "this node may lead: {}", self.allowed_to_lead());
         }
     }
 
     fn allowed_to_lead(&self) -> bool {
-        self.may_lead.load(Ordering::SeqCst)
+        self.restraints.load(Ordering::SeqCst) == 0
     }
 
     /// The other voters and the base URL this node reaches each at.
@@ -351,7 +379,7 @@ impl Elector {
                 // The pre-vote's answers have just told this node its peers' clocks.
                 let voters: BTreeSet<NodeId> = configs.iter().flatten().copied().collect();
                 let agreement = clocks.agreement(self.id, voters);
-                if !agreement.holds() {
+                if !agreement.holds() && !last_resort {
                     let (peer, offset_ms) = agreement.furthest.unwrap_or_default();
                     tracing::warn!(
                         agreeing = agreement.agreeing,
@@ -364,13 +392,14 @@ impl Elector {
                     continue;
                 }
             }
-            if self.allowed_to_lead() {
-                tracing::info!(since_leader_ms = ?standing.since_leader.map(|d| d.as_millis()), "won a pre-vote; standing for election");
-            } else {
+            if last_resort {
                 tracing::warn!(
                     leaderless_ms = leader_known.elapsed().as_millis() as u64,
-                    "no leader for {LAST_RESORT_LEASES} leases: standing for election though this node may not lead"
+                    "no leader for {LAST_RESORT_LEASES} leases: standing for election, as a last resort if this node \
+                     may not lead (it hands over again once it leads)"
                 );
+            } else {
+                tracing::info!(since_leader_ms = ?standing.since_leader.map(|d| d.as_millis()), "won a pre-vote; standing for election");
             }
             self.metrics.elections.with_label_values(&["prevote"]).inc();
             if self.raft.trigger().elect().await.is_err() {
@@ -421,7 +450,7 @@ impl Elector {
 
     /// Hands this node's leadership to a voter whose log matches its own, then waits until
     /// this node no longer leads: the new leader's id, or why not within `deadline`. The caller
-    /// has stopped new proposals and forbidden this node to lead ([`Elector::may_lead`]);
+    /// has stopped new proposals and forbidden this node to lead ([`Elector::restrain`]);
     /// entries already proposed are waited for (their answers go out from here).
     pub async fn hand_over(&self, deadline: Duration, to: Option<NodeId>) -> Result<NodeId, String> {
         let until = Instant::now() + deadline;

@@ -58,10 +58,10 @@ use tokio::sync::broadcast;
 
 pub use clocks::PeerClocks;
 pub use damage::{DamageReport, Damaged};
-pub use election::Elector;
+pub use election::{Elector, Restraint};
 pub use identity::PeerIdentity;
 pub use log_store::{FsyncWatch, LogReader, LogStore};
-pub use metrics::StorageMetrics;
+pub use metrics::{DiskSpace, StorageMetrics};
 pub use network::NetworkFactory;
 pub use snapshot_receiver::SnapshotReceiver;
 pub use state_store::StateStore;
@@ -94,6 +94,44 @@ impl OpenError {
             OpenError::Io { .. } => false,
         }
     }
+
+    /// Whether the disk under the storage failed or is full (an I/O error, no space, a
+    /// read-only file system), as opposed to damaged storage or a setting or permission the
+    /// operator must change.
+    pub fn is_disk_failure(&self) -> bool {
+        match self {
+            OpenError::Db { source, .. } => describes_disk_failure(source.as_ref()),
+            OpenError::Io { source, .. } | OpenError::Log(log_files::LogFileError::Io { source, .. }) => {
+                is_disk_failure(source)
+            }
+            OpenError::State { detail, .. } | OpenError::Snapshot { detail, .. } => describes_disk_failure(detail),
+            OpenError::Log(_) => false,
+        }
+    }
+}
+
+/// The operating system's errors that say a disk failed or is full, and their texts (as the C
+/// library words them, in RocksDB's errors and Rust's alike).
+const DISK_FAILURES: [(i32, &str); 4] = [
+    (libc::EIO, "Input/output error"),
+    (libc::ENOSPC, "No space left on device"),
+    (libc::EROFS, "Read-only file system"),
+    (libc::EDQUOT, "Disk quota exceeded"),
+];
+
+/// Whether `error` says the disk failed or is full.
+pub fn is_disk_failure(error: &io::Error) -> bool {
+    error.raw_os_error().is_some_and(|code| DISK_FAILURES.iter().any(|(failure, _)| *failure == code))
+}
+
+/// Whether an error's text (RocksDB's, or one carried as text) says the disk failed or is full.
+pub fn describes_disk_failure(text: &str) -> bool {
+    DISK_FAILURES.iter().any(|(_, words)| text.contains(words))
+}
+
+/// Whether an error's text says the disk is full.
+pub fn describes_full_disk(text: &str) -> bool {
+    text.contains("No space left on device") || text.contains("Disk quota exceeded")
 }
 
 /// Log bytes appended since this node started, and their count when the latest snapshot here

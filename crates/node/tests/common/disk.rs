@@ -1,7 +1,10 @@
-//! A disk that stalls or fails, injected for real: a node runs with a small library preloaded
-//! (`LD_PRELOAD`) whose `fsync` and `fdatasync` wait while one given file exists and fail with
-//! `EIO` (as a disk that lost a write makes them fail) while another exists; otherwise they call
-//! the C library's own. Everything else the node does with its disk goes through untouched.
+//! A disk that stalls, fails or fills up, injected for real: a node runs with a small library
+//! preloaded (`LD_PRELOAD`) whose `fsync` and `fdatasync` wait while one given file exists and
+//! fail with `EIO` (as a disk that lost a write makes them fail) while another exists, and which
+//! refuses new space under the node's data directory with `ENOSPC` while a third exists, as a
+//! full filesystem does: a write past the end of a file, an append, an allocation (`fallocate`)
+//! fail; a write inside space the file already has (a preallocated Raft log segment) succeeds.
+//! Otherwise every call goes to the C library's own.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,7 +13,13 @@ const SOURCE: &str = r#"
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 static void wait_while_stalled(void) {
@@ -46,6 +55,116 @@ int fdatasync(int fd) {
     }
     return real(fd);
 }
+
+/* Whether the disk is full and `fd` is a regular file under the data directory. */
+static int full_under_data_dir(int fd, struct stat *st) {
+    const char *flag = getenv("STATESTORE_TEST_FULL_DISK_WHILE");
+    const char *dir = getenv("STATESTORE_TEST_DATA_DIR");
+    if (!flag || !dir || access(flag, F_OK) != 0) return 0;
+    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) return 0;
+    char link[64], path[4096];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, path, sizeof path - 1);
+    if (n <= 0) return 0;
+    path[n] = 0;
+    return strncmp(path, dir, strlen(dir)) == 0;
+}
+
+/* Whether writing `count` bytes at `offset` of a full disk's file needs new space. */
+static int needs_space(int fd, off_t offset, size_t count) {
+    struct stat st;
+    if (count == 0 || !full_under_data_dir(fd, &st)) return 0;
+    if (offset < 0) {
+        if (fcntl(fd, F_GETFL) & O_APPEND) return 1;
+        offset = lseek(fd, 0, SEEK_CUR);
+    }
+    return offset < 0 || (off_t)(offset + count) > st.st_size;
+}
+
+static size_t iov_bytes(const struct iovec *iov, int count) {
+    size_t total = 0;
+    for (int i = 0; i < count; i++) total += iov[i].iov_len;
+    return total;
+}
+
+#define REFUSE_IF_FULL(fd, offset, count) \
+    if (needs_space(fd, offset, count)) { errno = ENOSPC; return -1; }
+
+ssize_t write(int fd, const void *buf, size_t count) {
+    static ssize_t (*real)(int, const void *, size_t);
+    if (!real) real = dlsym(RTLD_NEXT, "write");
+    REFUSE_IF_FULL(fd, -1, count);
+    return real(fd, buf, count);
+}
+
+ssize_t writev(int fd, const struct iovec *iov, int iovcnt) {
+    static ssize_t (*real)(int, const struct iovec *, int);
+    if (!real) real = dlsym(RTLD_NEXT, "writev");
+    REFUSE_IF_FULL(fd, -1, iov_bytes(iov, iovcnt));
+    return real(fd, iov, iovcnt);
+}
+
+ssize_t pwrite(int fd, const void *buf, size_t count, off_t offset) {
+    static ssize_t (*real)(int, const void *, size_t, off_t);
+    if (!real) real = dlsym(RTLD_NEXT, "pwrite");
+    REFUSE_IF_FULL(fd, offset, count);
+    return real(fd, buf, count, offset);
+}
+
+ssize_t pwrite64(int fd, const void *buf, size_t count, off_t offset) {
+    static ssize_t (*real)(int, const void *, size_t, off_t);
+    if (!real) real = dlsym(RTLD_NEXT, "pwrite64");
+    REFUSE_IF_FULL(fd, offset, count);
+    return real(fd, buf, count, offset);
+}
+
+ssize_t pwritev(int fd, const struct iovec *iov, int iovcnt, off_t offset) {
+    static ssize_t (*real)(int, const struct iovec *, int, off_t);
+    if (!real) real = dlsym(RTLD_NEXT, "pwritev");
+    REFUSE_IF_FULL(fd, offset, iov_bytes(iov, iovcnt));
+    return real(fd, iov, iovcnt, offset);
+}
+
+ssize_t pwritev64(int fd, const struct iovec *iov, int iovcnt, off_t offset) {
+    static ssize_t (*real)(int, const struct iovec *, int, off_t);
+    if (!real) real = dlsym(RTLD_NEXT, "pwritev64");
+    REFUSE_IF_FULL(fd, offset, iov_bytes(iov, iovcnt));
+    return real(fd, iov, iovcnt, offset);
+}
+
+/* An allocation needs space unless it punches a hole. */
+static int allocation_refused(int fd, int mode) {
+    struct stat st;
+    return !(mode & FALLOC_FL_PUNCH_HOLE) && full_under_data_dir(fd, &st);
+}
+
+int fallocate(int fd, int mode, off_t offset, off_t len) {
+    static int (*real)(int, int, off_t, off_t);
+    if (!real) real = dlsym(RTLD_NEXT, "fallocate");
+    if (allocation_refused(fd, mode)) { errno = ENOSPC; return -1; }
+    return real(fd, mode, offset, len);
+}
+
+int fallocate64(int fd, int mode, off_t offset, off_t len) {
+    static int (*real)(int, int, off_t, off_t);
+    if (!real) real = dlsym(RTLD_NEXT, "fallocate64");
+    if (allocation_refused(fd, mode)) { errno = ENOSPC; return -1; }
+    return real(fd, mode, offset, len);
+}
+
+int posix_fallocate(int fd, off_t offset, off_t len) {
+    static int (*real)(int, off_t, off_t);
+    if (!real) real = dlsym(RTLD_NEXT, "posix_fallocate");
+    if (allocation_refused(fd, 0)) return ENOSPC;
+    return real(fd, offset, len);
+}
+
+int posix_fallocate64(int fd, off_t offset, off_t len) {
+    static int (*real)(int, off_t, off_t);
+    if (!real) real = dlsym(RTLD_NEXT, "posix_fallocate64");
+    if (allocation_refused(fd, 0)) return ENOSPC;
+    return real(fd, offset, len);
+}
 "#;
 
 /// Builds the library into `dir` with the system's C compiler; returns its path.
@@ -64,12 +183,29 @@ pub fn faulty_disk_library(dir: &Path) -> PathBuf {
     library
 }
 
-/// The environment that makes a node's fsyncs wait while `stall` exists and fail while `fail`
-/// exists.
-pub fn faulty_disk_env(library: &Path, stall: &Path, fail: &Path) -> Vec<(String, String)> {
+/// What the preloaded library does to one node's disk, each while its file exists.
+pub struct DiskFaults<'a> {
+    /// `fsync` and `fdatasync` wait.
+    pub stall: &'a Path,
+    /// `fsync` and `fdatasync` fail with `EIO`.
+    pub fail: &'a Path,
+    /// Writes that need new space under `data_dir` fail with `ENOSPC`.
+    pub full: &'a Path,
+    pub data_dir: &'a Path,
+}
+
+/// The environment that makes a node's disk behave as `faults` say.
+pub fn faulty_disk_env(library: &Path, faults: &DiskFaults) -> Vec<(String, String)> {
+    // The library compares the paths of open files, which the kernel gives without symlinks.
+    let parent = faults.data_dir.parent().expect("a data directory has a parent");
+    let parent = parent.canonicalize().unwrap_or_else(|e| panic!("{}: {e}", parent.display()));
+    let data_dir = parent.join(faults.data_dir.file_name().expect("a data directory has a name"));
     vec![
         ("LD_PRELOAD".into(), library.display().to_string()),
-        ("STATESTORE_TEST_STALL_FSYNC_WHILE".into(), stall.display().to_string()),
-        ("STATESTORE_TEST_FAIL_FSYNC_WHILE".into(), fail.display().to_string()),
+        ("STATESTORE_TEST_STALL_FSYNC_WHILE".into(), faults.stall.display().to_string()),
+        ("STATESTORE_TEST_FAIL_FSYNC_WHILE".into(), faults.fail.display().to_string()),
+        ("STATESTORE_TEST_FULL_DISK_WHILE".into(), faults.full.display().to_string()),
+        // The trailing slash keeps `node-1.log` beside `node-1/` out of it.
+        ("STATESTORE_TEST_DATA_DIR".into(), format!("{}/", data_dir.display())),
     ]
 }
