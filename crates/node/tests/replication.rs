@@ -461,6 +461,17 @@ async fn with_faulty_disks(args: &[&str]) -> (Cluster, FaultyDisks, u64) {
     (cluster, disks, leader)
 }
 
+/// Waits up to 10 s for node `id` to stop on its own because `what`, with exit code 4 and the
+/// logs naming `cause` (the operating system's words for the error).
+fn assert_stops_on_its_disk(cluster: &mut Cluster, id: u64, what: &str, cause: &str) {
+    let Some(status) = cluster.wait_exit(id, Duration::from_secs(10)) else {
+        panic!("node {id} went on after {what}\n{}", cluster.logs());
+    };
+    let logs = cluster.logs();
+    assert_eq!(status.code(), Some(EXIT_STORAGE_FAILED), "node {id} after {what}: {status}\n{logs}");
+    assert!(logs.contains(cause), "the logs name the cause ({cause})\n{logs}");
+}
+
 /// A leader sends its entries to the followers while it flushes them, and counts as committed
 /// (and applies, and answers) only what is on its own disk. The leader's `fsync`s are stalled
 /// for real (a preloaded library makes them wait while a file exists) for longer than an
@@ -611,10 +622,7 @@ async fn a_node_whose_log_fsync_fails_stops_and_the_others_go_on() {
         "a write with one follower's disk failing: {answer:?}\n{}",
         cluster.logs()
     );
-    let Some(status) = cluster.wait_exit(follower, Duration::from_secs(10)) else {
-        panic!("node {follower} went on after its log fsync failed\n{}", cluster.logs());
-    };
-    assert_eq!(status.code(), Some(EXIT_STORAGE_FAILED), "node {follower}: {status}\n{}", cluster.logs());
+    assert_stops_on_its_disk(&mut cluster, follower, "its log fsync failed", "Input/output error");
     assert_eq!(cluster.set(leader, "follower-gone", "v").await.unwrap().response, Response::Ok);
     std::fs::remove_file(disks.fail(follower)).unwrap();
     cluster.spawn(follower);
@@ -625,12 +633,7 @@ async fn a_node_whose_log_fsync_fails_stops_and_the_others_go_on() {
         !answer.as_ref().is_ok_and(|answer| answer.response == Response::Ok),
         "the leader acknowledged a write whose flush failed: {answer:?}"
     );
-    let Some(status) = cluster.wait_exit(leader, Duration::from_secs(10)) else {
-        panic!("the leader, node {leader}, went on after its log fsync failed\n{}", cluster.logs());
-    };
-    let logs = cluster.logs();
-    assert_eq!(status.code(), Some(EXIT_STORAGE_FAILED), "node {leader}: {status}\n{logs}");
-    assert!(logs.contains("Input/output error"), "the log names the failure\n{logs}");
+    assert_stops_on_its_disk(&mut cluster, leader, "its log fsync failed as it led", "Input/output error");
     let new = cluster.wait_leader().await;
     assert_ne!(new, leader);
     assert_eq!(cluster.set(new, "leader-gone", "v").await.unwrap().response, Response::Ok);
@@ -684,27 +687,15 @@ async fn a_node_whose_disk_fills_stops_and_the_others_go_on() {
             }
         }
         let snapshot = cluster.http.post(format!("{}/cluster/snapshot", cluster.url(full))).send().await;
-        let Some(status) = cluster.wait_exit(full, Duration::from_secs(10)) else {
-            panic!("node {full} went on after its disk filled (snapshot: {snapshot:?})\n{}", cluster.logs());
-        };
-        let logs = cluster.logs();
-        assert_eq!(status.code(), Some(EXIT_STORAGE_FAILED), "node {full}: {status}\n{logs}");
-        assert!(logs.contains("No space left on device"), "the log names the cause\n{logs}");
+        let what = format!("its disk filled (snapshot: {snapshot:?})");
+        assert_stops_on_its_disk(&mut cluster, full, &what, "No space left on device");
         let leading = cluster.wait_leader().await;
         let key = format!("node-{full}-stopped");
         assert_eq!(cluster.set(leading, &key, "v").await.unwrap().response, Response::Ok, "{key}");
         acknowledged.push(key);
 
         cluster.spawn(full);
-        let Some(status) = cluster.wait_exit(full, Duration::from_secs(10)) else {
-            panic!("node {full} started on a full disk and went on\n{}", cluster.logs());
-        };
-        assert_eq!(
-            status.code(),
-            Some(EXIT_STORAGE_FAILED),
-            "node {full} on a full disk: {status}\n{}",
-            cluster.logs()
-        );
+        assert_stops_on_its_disk(&mut cluster, full, "it started on a full disk", "is full: starting the node");
 
         std::fs::remove_file(disks.full(full)).unwrap();
         cluster.spawn(full);
