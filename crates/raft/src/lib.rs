@@ -131,7 +131,7 @@ pub fn describes_disk_failure(text: &str) -> bool {
 
 /// Whether an error's text says the disk is full.
 pub fn describes_full_disk(text: &str) -> bool {
-    text.contains("No space left on device") || text.contains("Disk quota exceeded")
+    DISK_FAILURES.iter().any(|(code, words)| (*code == libc::ENOSPC || *code == libc::EDQUOT) && text.contains(words))
 }
 
 /// Log bytes appended since this node started, and their count when the latest snapshot here
