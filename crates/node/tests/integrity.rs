@@ -96,6 +96,46 @@ async fn a_damaged_wal_stops_the_node_instead_of_dropping_what_it_holds() {
     assert_stops_as_damaged(&mut cluster, "WAL");
 }
 
+/// Where the records of a RocksDB WAL start: 32 KiB blocks of records, each with a 7-byte header
+/// (checksum, 2-byte length, type), a block's last bytes padding when fewer than a header.
+fn wal_records(wal: &[u8]) -> Vec<usize> {
+    const BLOCK: usize = 32 * 1024;
+    const HEADER: usize = 7;
+    let mut records = Vec::new();
+    let mut at = 0;
+    while at + HEADER <= wal.len() {
+        let left_in_block = BLOCK - at % BLOCK;
+        if left_in_block < HEADER {
+            at += left_in_block;
+            continue;
+        }
+        records.push(at);
+        at += HEADER + usize::from(u16::from_le_bytes([wal[at + 4], wal[at + 5]]));
+    }
+    records
+}
+
+/// RocksDB takes a record whose length runs past the end of the file for a write torn by a
+/// crash: it opens without an error and without the synced records after it (commit marks,
+/// votes). The node reads its WAL first and stops.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wal_record_whose_length_runs_past_the_end_stops_the_node() {
+    let mut cluster = written_and_killed().await;
+    let db = cluster.nodes[&1].data_dir.join("db");
+    let (wal, _) = files(&db, ".log").into_iter().next().expect("a WAL file");
+    let mut bytes = std::fs::read(&wal).unwrap();
+    let records = wal_records(&bytes);
+    // A record of the last 32 KiB block with others after it.
+    let last_block = (bytes.len() - 1) / (32 * 1024) * (32 * 1024);
+    let in_last_block: Vec<usize> = records.into_iter().filter(|&at| at >= last_block).collect();
+    assert!(in_last_block.len() > 20, "records in the WAL's last block: {in_last_block:?}");
+    let target = in_last_block[in_last_block.len() / 2];
+    bytes[target + 4..target + 6].copy_from_slice(&u16::MAX.to_le_bytes());
+    std::fs::write(&wal, bytes).unwrap();
+    assert_stops_as_damaged(&mut cluster, "WAL");
+    assert!(cluster.logs().contains(&format!("the record at byte {target}")), "{}", cluster.logs());
+}
+
 /// Applies `change` to node 1's Raft log segment from the middle of what was written to the
 /// end of the file (the segment is allocated whole, so the middle of the file is zeros).
 fn change_the_raft_log_middle(cluster: &Cluster, change: impl FnOnce(&mut [u8])) {

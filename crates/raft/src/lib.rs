@@ -20,6 +20,7 @@
 //! - [`damage`]: damage found while the node runs, which it stops on.
 //! - [`snapshot_receiver`]: snapshots received from the leader, checked whole before openraft
 //!   installs them.
+//! - [`wal_check`]: damage in RocksDB's WAL that its recovery would take for a torn write.
 
 // openraft's traits return its own `StorageError`, which is large; boxing it would only add
 // conversions at every trait boundary.
@@ -41,6 +42,7 @@ pub mod snapshot;
 pub mod snapshot_receiver;
 pub mod state_store;
 pub mod types;
+pub mod wal_check;
 pub mod wire;
 
 use std::collections::BTreeMap;
@@ -80,6 +82,8 @@ pub enum OpenError {
     Snapshot { path: String, detail: String, damaged: bool },
     #[error("opening the Raft log: {0}")]
     Log(#[from] log_files::LogFileError),
+    #[error("checking RocksDB's WAL: {0}")]
+    Wal(#[from] wal_check::WalDamage),
 }
 
 impl OpenError {
@@ -91,6 +95,7 @@ impl OpenError {
             OpenError::Snapshot { damaged, .. } => *damaged,
             OpenError::State { detail, .. } => detail.contains("checksum"),
             OpenError::Log(error) => matches!(error, log_files::LogFileError::Damaged { .. }),
+            OpenError::Wal(_) => true,
             OpenError::Io { .. } => false,
         }
     }
@@ -105,7 +110,7 @@ impl OpenError {
                 is_disk_failure(source)
             }
             OpenError::State { detail, .. } | OpenError::Snapshot { detail, .. } => describes_disk_failure(detail),
-            OpenError::Log(_) => false,
+            OpenError::Log(_) | OpenError::Wal(_) => false,
         }
     }
 }
@@ -200,6 +205,9 @@ pub fn open(
     std::fs::create_dir_all(data_dir).map_err(io_error(data_dir))?;
     let db_path = data_dir.join("db");
     let shared = state_store::SharedState::default();
+    if let Some(damage) = wal_check::hidden_damage(&db_path).map_err(io_error(&db_path))? {
+        return Err(damage.into());
+    }
     let db = db::open(&db_path, &shared.dedup_horizon)
         .map_err(|source| OpenError::Db { path: db_path.display().to_string(), source })?;
     let snapshot_path = data_dir.join("snapshots");
