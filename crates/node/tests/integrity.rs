@@ -74,10 +74,11 @@ fn damage(path: &Path) {
     std::fs::write(path, bytes).unwrap();
 }
 
-fn assert_stops_as_damaged(cluster: &mut Cluster, what: &str) {
-    cluster.spawn(1);
-    let Some(status) = cluster.wait_exit(1, Duration::from_secs(20)) else {
-        panic!("the node started on a damaged {what}\n{}", cluster.logs());
+/// Starts node `id` and waits for it to stop on its damaged `what`.
+fn assert_stops_as_damaged(cluster: &mut Cluster, id: u64, what: &str) {
+    cluster.spawn(id);
+    let Some(status) = cluster.wait_exit(id, Duration::from_secs(20)) else {
+        panic!("node {id} started on a damaged {what}\n{}", cluster.logs());
     };
     let logs = cluster.logs();
     assert_eq!(status.code(), Some(DAMAGED), "exit status {status} for a damaged {what}\n{logs}");
@@ -93,26 +94,7 @@ async fn a_damaged_wal_stops_the_node_instead_of_dropping_what_it_holds() {
     let (wal, len) = files(&db, ".log").into_iter().next().expect("a WAL file");
     assert!(len > 1_000, "the committed indexes of {KEYS} writes are in the WAL ({len} bytes)");
     damage(&wal);
-    assert_stops_as_damaged(&mut cluster, "WAL");
-}
-
-/// Where the records of a RocksDB WAL start: 32 KiB blocks of records, each with a 7-byte header
-/// (checksum, 2-byte length, type), a block's last bytes padding when fewer than a header.
-fn wal_records(wal: &[u8]) -> Vec<usize> {
-    const BLOCK: usize = 32 * 1024;
-    const HEADER: usize = 7;
-    let mut records = Vec::new();
-    let mut at = 0;
-    while at + HEADER <= wal.len() {
-        let left_in_block = BLOCK - at % BLOCK;
-        if left_in_block < HEADER {
-            at += left_in_block;
-            continue;
-        }
-        records.push(at);
-        at += HEADER + usize::from(u16::from_le_bytes([wal[at + 4], wal[at + 5]]));
-    }
-    records
+    assert_stops_as_damaged(&mut cluster, 1, "WAL");
 }
 
 /// RocksDB takes a record whose length runs past the end of the file for a write torn by a
@@ -124,7 +106,7 @@ async fn a_wal_record_whose_length_runs_past_the_end_stops_the_node() {
     let db = cluster.nodes[&1].data_dir.join("db");
     let (wal, _) = files(&db, ".log").into_iter().next().expect("a WAL file");
     let mut bytes = std::fs::read(&wal).unwrap();
-    let records = wal_records(&bytes);
+    let records = statestore_raft::wal_check::record_starts(&bytes);
     // A record of the last 32 KiB block with others after it.
     let last_block = (bytes.len() - 1) / (32 * 1024) * (32 * 1024);
     let in_last_block: Vec<usize> = records.into_iter().filter(|&at| at >= last_block).collect();
@@ -132,8 +114,33 @@ async fn a_wal_record_whose_length_runs_past_the_end_stops_the_node() {
     let target = in_last_block[in_last_block.len() / 2];
     bytes[target + 4..target + 6].copy_from_slice(&u16::MAX.to_le_bytes());
     std::fs::write(&wal, bytes).unwrap();
-    assert_stops_as_damaged(&mut cluster, "WAL");
+    assert_stops_as_damaged(&mut cluster, 1, "WAL");
     assert!(cluster.logs().contains(&format!("the record at byte {target}")), "{}", cluster.logs());
+}
+
+/// A vote is written (synced, through RocksDB's WAL) before any log entry of its term. A node
+/// whose WAL file is lost, as a disk or a copy can lose a file, comes back with an older vote:
+/// with it, it could vote a second time in a term it has voted in. It stops instead.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_whose_wal_is_lost_stops_instead_of_forgetting_its_vote() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let first = cluster.wait_leader().await;
+    cluster.set(first, "in-the-first-term", "acknowledged").await.expect("a write");
+    // A new term: its votes and entries reach the two others.
+    cluster.kill(first);
+    let second = cluster.wait_leader().await;
+    cluster.set(second, "in-the-second-term", "acknowledged").await.expect("a write");
+    let node = second;
+    cluster.kill(node);
+    let db = cluster.nodes[&node].data_dir.join("db");
+    let wals = files(&db, ".log");
+    assert!(!wals.is_empty(), "a WAL file");
+    for (wal, _) in wals {
+        std::fs::remove_file(wal).unwrap();
+    }
+    assert_stops_as_damaged(&mut cluster, node, "vote");
+    let logs = cluster.logs();
+    assert!(logs.contains("but the vote kept in RocksDB is of term"), "{logs}");
 }
 
 /// Applies `change` to node 1's Raft log segment from the middle of what was written to the
@@ -159,7 +166,7 @@ async fn a_damaged_raft_log_stops_the_node_instead_of_dropping_acknowledged_writ
             *byte ^= 0x5a;
         }
     });
-    assert_stops_as_damaged(&mut cluster, "Raft log");
+    assert_stops_as_damaged(&mut cluster, 1, "Raft log");
 }
 
 /// A crash can leave a sector of zeros only in a write that was never flushed, so never
@@ -174,7 +181,7 @@ async fn a_zeroed_sector_in_committed_raft_log_records_stops_the_node() {
         let sector = middle.len() % 512;
         middle[sector..sector + 512].fill(0);
     });
-    assert_stops_as_damaged(&mut cluster, "Raft log");
+    assert_stops_as_damaged(&mut cluster, 1, "Raft log");
 }
 
 /// A table file cut short (a disk that lost its tail) is found when the database opens.
@@ -193,7 +200,7 @@ async fn a_truncated_table_file_stops_the_node() {
     let (table, len) = files(&db, ".sst").into_iter().next().expect("table files after a recovery");
     let file = std::fs::OpenOptions::new().write(true).open(&table).unwrap();
     file.set_len(len / 2).unwrap();
-    assert_stops_as_damaged(&mut cluster, "table file");
+    assert_stops_as_damaged(&mut cluster, 1, "table file");
 }
 
 /// The kept snapshot is what a new or lagging member starts from; a damaged one was found only
@@ -203,7 +210,7 @@ async fn a_damaged_snapshot_stops_the_node_at_start() {
     let (mut cluster, data) = written_with_a_snapshot().await;
     assert!(cluster.terminate(1).success());
     damage(&data);
-    assert_stops_as_damaged(&mut cluster, "snapshot");
+    assert_stops_as_damaged(&mut cluster, 1, "snapshot");
 }
 
 /// A snapshot damaged while the node runs is found before it is sent: the node stops, and the

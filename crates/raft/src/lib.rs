@@ -84,6 +84,15 @@ pub enum OpenError {
     Log(#[from] log_files::LogFileError),
     #[error("checking RocksDB's WAL: {0}")]
     Wal(#[from] wal_check::WalDamage),
+    /// A vote is written, synced, before any log entry of its term: a log with entries of a
+    /// later term than the vote kept means the vote's latest writes were lost (a WAL file lost
+    /// or cut short), and a node that forgot its vote could vote twice in one term.
+    #[error(
+        "the Raft log in {path} holds entries of term {log_term}, but the vote kept in RocksDB is of term \
+         {vote_term}: a vote is written before any entry of its term, so synced writes of RocksDB's WAL \
+         are lost"
+    )]
+    LostVote { path: String, vote_term: u64, log_term: u64 },
 }
 
 impl OpenError {
@@ -95,7 +104,7 @@ impl OpenError {
             OpenError::Snapshot { damaged, .. } => *damaged,
             OpenError::State { detail, .. } => detail.contains("checksum"),
             OpenError::Log(error) => matches!(error, log_files::LogFileError::Damaged { .. }),
-            OpenError::Wal(_) => true,
+            OpenError::Wal(_) | OpenError::LostVote { .. } => true,
             OpenError::Io { .. } => false,
         }
     }
@@ -110,7 +119,7 @@ impl OpenError {
                 is_disk_failure(source)
             }
             OpenError::State { detail, .. } | OpenError::Snapshot { detail, .. } => describes_disk_failure(detail),
-            OpenError::Log(_) | OpenError::Wal(_) => false,
+            OpenError::Log(_) | OpenError::Wal(_) | OpenError::LostVote { .. } => false,
         }
     }
 }

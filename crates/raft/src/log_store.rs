@@ -266,12 +266,13 @@ impl LogStore {
             // Also deletes segments a purge that a crash interrupted left behind.
             files.purge(purged.index).map_err(crate::OpenError::Log)?;
         }
+        let reader = LogReader { db, files: Arc::new(RwLock::new(files)), recent: Arc::default() };
+        check_vote_covers_log(&reader, dir)?;
         let (flushes, pending) = mpsc::channel();
         let flusher = std::thread::Builder::new()
             .name("raft-log-fsync".into())
             .spawn(move || flush_loop(&pending, &metrics, &fsync))
             .map_err(|source| crate::OpenError::Io { path: dir.display().to_string(), source })?;
-        let reader = LogReader { db, files: Arc::new(RwLock::new(files)), recent: Arc::default() };
         Ok(LogStore { reader, flushes: Some(flushes), flusher: Some(flusher), committed, log_bytes, applied_on_disk })
     }
 
@@ -292,6 +293,25 @@ impl LogStore {
             .map_err(|e| StorageIOError::write(&e))?;
         Ok(())
     }
+}
+
+/// Refuses a vote of an earlier term than the log's last entry (or the snapshot the log was
+/// purged to): openraft saves a vote (synced) before it appends any entry of the vote's term, so
+/// such a vote is one whose latest writes were lost.
+fn check_vote_covers_log(reader: &LogReader, dir: &Path) -> Result<(), crate::OpenError> {
+    let state_error =
+        |e: RaftStorageError| crate::OpenError::State { path: dir.display().to_string(), detail: e.to_string() };
+    let Some(last) = reader.last_log_id().map_err(state_error)? else { return Ok(()) };
+    let vote: Option<Vote> = reader.meta(VOTE).map_err(state_error)?;
+    let vote_term = vote.map_or(0, |vote| vote.leader_id.term);
+    if vote_term < last.leader_id.term {
+        return Err(crate::OpenError::LostVote {
+            path: dir.display().to_string(),
+            vote_term,
+            log_term: last.leader_id.term,
+        });
+    }
+    Ok(())
 }
 
 /// Opens the log's files in `dir`, moving into them the log an earlier version kept in RocksDB
@@ -540,25 +560,31 @@ mod tests {
 
     /// A data directory of a version that kept the log in RocksDB: its entries move into the
     /// log's files when it opens, and leave RocksDB; opening again finds them in the files.
+    /// A data directory of a version that kept the log in RocksDB: entries 3..=12 of term 2,
+    /// purged up to 2, and a vote of `vote_term`.
+    fn legacy_data_dir(vote_term: u64) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let db = crate::db::open(&dir.path().join("db"), &Default::default()).unwrap();
+        let log = cf(&db, LEGACY_LOG_CF);
+        for index in 3u64..=12 {
+            db.put_cf(log, index.to_be_bytes(), encode(&entry(2, index)).unwrap()).unwrap();
+        }
+        let purged = LogId::new(CommittedLeaderId::new(1, 1), 2);
+        db.put_cf(cf(&db, RAFT_META_CF), LAST_PURGED, encode(&purged).unwrap()).unwrap();
+        db.put_cf(cf(&db, RAFT_META_CF), VOTE, encode(&Vote::new_committed(vote_term, 1)).unwrap()).unwrap();
+        dir
+    }
+
+    fn open_storage(dir: &Path) -> Result<crate::NodeStorage, crate::OpenError> {
+        let metrics = StorageMetrics::register(&prometheus::Registry::new()).unwrap();
+        crate::open(dir, statestore_statemachine::Config::default(), metrics, false)
+    }
+
     #[tokio::test]
     async fn a_log_kept_in_rocksdb_moves_into_the_files_on_open() {
-        let dir = tempfile::tempdir().unwrap();
-        let db_path = dir.path().join("db");
-        {
-            let db = crate::db::open(&db_path, &Default::default()).unwrap();
-            let log = cf(&db, LEGACY_LOG_CF);
-            for index in 3u64..=12 {
-                db.put_cf(log, index.to_be_bytes(), encode(&entry(2, index)).unwrap()).unwrap();
-            }
-            let purged = LogId::new(CommittedLeaderId::new(1, 1), 2);
-            db.put_cf(cf(&db, RAFT_META_CF), LAST_PURGED, encode(&purged).unwrap()).unwrap();
-        }
-        let open = || {
-            let metrics = StorageMetrics::register(&prometheus::Registry::new()).unwrap();
-            crate::open(dir.path(), statestore_statemachine::Config::default(), metrics, false).unwrap()
-        };
+        let dir = legacy_data_dir(2);
         for reopened in [false, true] {
-            let mut node = open();
+            let mut node = open_storage(dir.path()).unwrap();
             let state = node.log.get_log_state().await.unwrap();
             assert_eq!(state.last_purged_log_id.map(|id| id.index), Some(2), "reopened: {reopened}");
             assert_eq!(state.last_log_id.map(|id| (id.leader_id.term, id.index)), Some((2, 12)));
@@ -569,6 +595,17 @@ mod tests {
         }
         assert!(dir.path().join("log").join(format!("{:020}.segment", 3)).exists());
         assert!(!dir.path().join("log.moving").exists());
+    }
+
+    /// A vote is saved before any entry of its term is appended; one older than the log's last
+    /// entry lost its latest writes, and the storage does not open.
+    #[test]
+    fn a_vote_older_than_the_log_does_not_open() {
+        let dir = legacy_data_dir(1);
+        let Err(error) = open_storage(dir.path()) else { panic!("opened with a vote of term 1 and entries of term 2") };
+        assert!(matches!(error, crate::OpenError::LostVote { vote_term: 1, log_term: 2, .. }), "{error}");
+        assert!(error.is_corruption());
+        assert!(error.to_string().contains("holds entries of term 2, but the vote kept in RocksDB is of term 1"));
     }
 
     #[test]

@@ -824,6 +824,8 @@ mod tests {
         let mut node = open(dir.path());
         let entries: Vec<LogEntry> = (1..=5).map(|i| proposed(i, vec![set(&format!("k{i}"), i as u8)])).collect();
         node.state.apply(entries).await.unwrap();
+        // As openraft does, the vote of the entries' term is saved before them.
+        node.log.save_vote(&crate::types::Vote::new_committed(1, 1)).await.unwrap();
         node.log.purge(LogId::new(CommittedLeaderId::new(1, 1), 4)).await.unwrap();
         node.reader.db.flush_wal(true).unwrap();
 

@@ -178,6 +178,23 @@ fn read_record(bytes: &[u8]) -> Result<usize, Unread> {
     Ok(end)
 }
 
+/// Where the records of the WAL `bytes` start, found by their length fields alone (nothing is
+/// checked): for tests and tools that look into a WAL.
+pub fn record_starts(bytes: &[u8]) -> Vec<usize> {
+    let mut starts = Vec::new();
+    let mut at = 0;
+    while at + HEADER <= bytes.len() {
+        let left_in_block = BLOCK - at % BLOCK;
+        if left_in_block < HEADER {
+            at += left_in_block;
+            continue;
+        }
+        starts.push(at);
+        at += HEADER + usize::from(u16::from_le_bytes([bytes[at + 4], bytes[at + 5]]));
+    }
+    starts
+}
+
 /// RocksDB's stored form of a CRC (`crc32c::Mask`).
 fn mask(crc: u32) -> u32 {
     crc.rotate_right(15).wrapping_add(CRC_MASK_DELTA)
@@ -210,23 +227,6 @@ mod tests {
         wals.pop().expect("a WAL")
     }
 
-    /// The byte offsets of the records in a WAL, found by their length fields.
-    fn record_offsets(wal: &Path) -> Vec<usize> {
-        let bytes = std::fs::read(wal).unwrap();
-        let mut offsets = Vec::new();
-        let mut at = 0;
-        while at + HEADER <= bytes.len() {
-            let left_in_block = BLOCK - at % BLOCK;
-            if left_in_block < HEADER {
-                at += left_in_block;
-                continue;
-            }
-            offsets.push(at);
-            at += HEADER + usize::from(u16::from_le_bytes([bytes[at + 4], bytes[at + 5]]));
-        }
-        offsets
-    }
-
     fn change(wal: &Path, change: impl FnOnce(&mut Vec<u8>)) {
         let mut bytes = std::fs::read(wal).unwrap();
         change(&mut bytes);
@@ -244,7 +244,7 @@ mod tests {
     fn a_length_damaged_in_the_last_block_is_found_though_rocksdb_would_open() {
         let dir = tempfile::tempdir().unwrap();
         let wal = written(dir.path(), 300);
-        let offsets = record_offsets(&wal);
+        let offsets = record_starts(&std::fs::read(&wal).unwrap());
         let target = offsets[offsets.len() / 2];
         assert!(target < BLOCK, "the records are all in the file's one block");
         change(&wal, |bytes| bytes[target + 4..target + 6].copy_from_slice(&u16::MAX.to_le_bytes()));
@@ -263,7 +263,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // More than one block: RocksDB skips the rest of the damaged block and reads on.
         let wal = written(dir.path(), 2_000);
-        let offsets = record_offsets(&wal);
+        let offsets = record_starts(&std::fs::read(&wal).unwrap());
         assert!(offsets.last().unwrap() > &BLOCK, "records in more than one block");
         let target = offsets[offsets.len() / 4];
         assert!(target < BLOCK, "damage in the first block");
@@ -278,7 +278,7 @@ mod tests {
     fn a_write_torn_at_the_end_is_left_to_rocksdb() {
         let dir = tempfile::tempdir().unwrap();
         let wal = written(dir.path(), 2_000);
-        let offsets = record_offsets(&wal);
+        let offsets = record_starts(&std::fs::read(&wal).unwrap());
         assert_eq!(hidden_damage(dir.path()).unwrap().map(|damage| damage.to_string()), None, "an intact WAL");
         // The last record's payload cut short, then its header too: a crash during its write.
         let last = *offsets.last().unwrap();
@@ -302,7 +302,7 @@ mod tests {
     fn a_checksum_that_fails_before_whole_records_is_found() {
         let dir = tempfile::tempdir().unwrap();
         let wal = written(dir.path(), 300);
-        let offsets = record_offsets(&wal);
+        let offsets = record_starts(&std::fs::read(&wal).unwrap());
         let target = offsets[100];
         change(&wal, |bytes| bytes[target + HEADER] ^= 0x5a);
         let damage = hidden_damage(dir.path()).unwrap().expect("damage found");
