@@ -237,6 +237,38 @@ async fn a_leader_stopped_with_sigterm_hands_leadership_over() {
     eprintln!("the leader stopped in {stopped_in:?}; first answer {first:?} after the SIGTERM, longest gap {gap:?}");
 }
 
+/// With five voters a stopping leader cannot hand over (its vote and one voter's are not a
+/// quorum, and the others still hear its lease), so it stops at once and the other four elect a
+/// leader as after any leader loss, with their pre-vote: every SDK call made meanwhile succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopping_leader_of_five_voters_leaves_the_election_to_them() {
+    let broker = Broker::start();
+    let mut cluster = Cluster::start(5, &["--broker", &broker.address()]).await;
+    cluster.wait_ready().await;
+    let writers = SdkWriters::start(&broker, 2).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leader = cluster.wait_leader().await;
+
+    let stopped_at = Instant::now();
+    let status = cluster.terminate(leader);
+    let stopped_in = stopped_at.elapsed();
+    assert!(status.success(), "the leader stopped cleanly: {status:?}\n{}", cluster.logs());
+    assert!(stopped_in < HANDOVER_DEADLINE, "no handover was tried: stopped in {stopped_in:?}");
+    let successor = cluster.wait_leader().await;
+    let elected_in = stopped_at.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let calls = writers.stop().await;
+
+    let log = std::fs::read_to_string(&cluster.nodes[&leader].log).unwrap();
+    assert!(log.contains("no other voter's vote with this node's makes a quorum"), "why it did not hand over:\n{log}");
+    let (first, gap) = every_call_succeeded(&calls, stopped_at, &cluster);
+    assert!(gap < Duration::from_secs(5), "writes resumed: longest gap {gap:?}");
+    eprintln!(
+        "the leader stopped in {stopped_in:?}; node {successor} led {elected_in:?} after the SIGTERM; \
+         first answer {first:?} after it, longest gap {gap:?}"
+    );
+}
+
 /// SDK clients writing new keys in a loop, each call recorded.
 struct SdkWriters {
     sessions: Vec<SdkSession>,

@@ -52,12 +52,14 @@ async fn writes_on_the_leader_reach_every_node_and_followers_forward() {
         let status = cluster.status(follower).await.unwrap();
         assert_eq!(status["role"], "follower");
         assert_eq!(status["voters"].as_array().unwrap().len(), 3);
-        // The leader's appends come over its stream, none as a request of its own.
+        // The leader's appends come over its stream, none as a request of its own. (Fewer
+        // appends than writes: a follower that lags, the one the leader did not need for its
+        // quorum, gets several entries in one append.)
         let metrics = cluster.metrics(follower).await;
         let served = |transport: &str| {
             metric(&metrics, &format!("statestore_raft_appends_served_total{{transport=\"{transport}\"}}"))
         };
-        assert!(served("stream").is_some_and(|appends| appends >= 50.0), "{metrics}");
+        assert!(served("stream").is_some_and(|appends| appends >= 10.0), "{metrics}");
         assert_eq!(served("request"), None, "{metrics}");
     }
 }
