@@ -100,6 +100,54 @@ async fn a_killed_nodes_copy_taken_right_after_naming_restores_the_cluster() {
     restart_ordinarily(&mut cluster).await;
 }
 
+/// A node restarted, without `--restored`, before the restored cluster was named anew (a
+/// supervisor restarting it as configured, a crash) resumes the restore: it still waits for the
+/// new name instead of checking its peers against the backup's enrollments, which would refuse
+/// every peer's new storage and leave it out of the restored cluster for good.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_restarted_before_the_restored_cluster_is_named_goes_on_with_the_restore() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader().await;
+    let old_name = cluster_name(&cluster, leader).await;
+    for i in 0..20 {
+        assert_eq!(cluster.set(leader, &format!("k{i}"), &format!("v{i}")).await.unwrap().response, Response::Ok);
+    }
+    let follower = cluster.running().into_iter().find(|id| *id != leader).unwrap();
+    assert!(cluster.terminate(follower).success());
+    let backup = cluster.dir.path().join("backup");
+    copy_dir(&cluster.nodes[&follower].data_dir, &backup);
+    for id in cluster.running() {
+        cluster.kill(id);
+    }
+    for id in 1..=3u64 {
+        let dir = cluster.nodes[&id].data_dir.clone();
+        std::fs::remove_dir_all(&dir).unwrap();
+        copy_dir(&backup, &dir);
+    }
+    // Node 1 starts alone with `--restored`: no quorum, so no leader names the cluster anew.
+    cluster.nodes.get_mut(&1).unwrap().args = vec!["--restored".into()];
+    cluster.spawn(1);
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while cluster.status(1).await.is_none() {
+        assert!(std::time::Instant::now() < until, "node 1 did not start\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.kill(1);
+    // It comes back without the flag; the others start with it.
+    cluster.nodes.get_mut(&1).unwrap().args.clear();
+    cluster.spawn(1);
+    for id in [2, 3] {
+        cluster.nodes.get_mut(&id).unwrap().args = vec!["--restored".into()];
+        cluster.spawn(id);
+    }
+    let leader = cluster.wait_leader().await;
+    cluster.wait_ready().await;
+    wait_named_anew(&cluster, leader, &old_name).await;
+    assert!(cluster.logs().contains("the restore begun here has not ended"), "{}", cluster.logs());
+    writes_reach_every_node(&cluster, leader, "k19", "v19").await;
+    restart_ordinarily(&mut cluster).await;
+}
+
 /// The cluster's name as node `id` has applied it, once it has one (the leader names the
 /// cluster within a second of leading).
 async fn cluster_name(cluster: &Cluster, id: u64) -> String {

@@ -15,7 +15,8 @@
 //! the restored cluster's first leader names it anew, which forgets them; then every member is
 //! enrolled again. The old cluster's names are every name the backup holds: the applied one and
 //! any that its log gives above what was applied (a copy taken before its node applied the entry
-//! naming the cluster); applying one of those from the log does not end the wait. Once named
+//! naming the cluster); applying one of those from the log does not end the wait, nor does a
+//! restart before the new name, with the flag or without ([`begin_restore`]). Once named
 //! anew, a node still takes messages from a member that claims one of those names if the new
 //! cluster has enrolled that member's new storage: it has not applied the new name yet.
 
@@ -38,6 +39,8 @@ pub const CLUSTER_HEADER: &str = "x-statestore-cluster";
 pub const EXPECTED_HEADER: &str = "x-statestore-expected-incarnation";
 
 const INCARNATION_KEY: &[u8] = b"incarnation";
+/// The backup's names while a restore waits for the cluster's new name (`\n`-separated).
+const RESTORING_KEY: &[u8] = b"restoring";
 
 /// A fresh random id: 32 hex digits.
 pub fn random_id() -> String {
@@ -55,6 +58,27 @@ pub fn incarnation(db: &DB, fresh: bool) -> Result<String, rocksdb::Error> {
     let fresh = random_id();
     db.put_cf_opt(cf(db, RAFT_META_CF), INCARNATION_KEY, fresh.as_bytes(), &synced())?;
     Ok(fresh)
+}
+
+/// Records (synced) that this directory holds a restored backup naming the cluster `names`,
+/// until the restored cluster is named anew: a node that restarts before then, with
+/// `--restored` or without, still waits for the new name instead of checking the backup's
+/// enrollments (which describe the old cluster's storage, not this node's new incarnation).
+pub fn begin_restore(db: &DB, names: &[String]) -> Result<(), rocksdb::Error> {
+    db.put_cf_opt(cf(db, RAFT_META_CF), RESTORING_KEY, names.join("\n").as_bytes(), &synced())
+}
+
+/// The backup's names if a restore began here ([`begin_restore`]) and the cluster as applied
+/// here (`applied_name`) has not been named anew since; a restore that has ended is forgotten.
+pub fn pending_restore(db: &DB, applied_name: Option<&str>) -> Result<Option<Vec<String>>, rocksdb::Error> {
+    let Some(bytes) = db.get_cf(cf(db, RAFT_META_CF), RESTORING_KEY)? else { return Ok(None) };
+    let names: Vec<String> =
+        String::from_utf8_lossy(&bytes).split('\n').filter(|name| !name.is_empty()).map(str::to_string).collect();
+    if applied_name.is_none_or(|applied| names.iter().any(|name| name == applied)) {
+        return Ok(Some(names));
+    }
+    db.delete_cf_opt(cf(db, RAFT_META_CF), RESTORING_KEY, &synced())?;
+    Ok(None)
 }
 
 /// What the applied state says of identities: the cluster's name and every enrollment.
@@ -219,5 +243,25 @@ impl PeerIdentity {
             )),
             _ => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn a_restore_is_pending_until_the_cluster_is_named_anew() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = crate::db::open(dir.path(), &Arc::default()).unwrap();
+        assert_eq!(pending_restore(&db, Some("old")).unwrap(), None, "no restore began");
+        let names = vec!["old".to_string(), "older".to_string()];
+        begin_restore(&db, &names).unwrap();
+        assert_eq!(pending_restore(&db, None).unwrap().as_ref(), Some(&names), "not named yet");
+        assert_eq!(pending_restore(&db, Some("older")).unwrap().as_ref(), Some(&names), "a backup's name");
+        assert_eq!(pending_restore(&db, Some("new")).unwrap(), None, "named anew");
+        assert_eq!(pending_restore(&db, None).unwrap(), None, "an ended restore is forgotten");
     }
 }

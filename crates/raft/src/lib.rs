@@ -191,10 +191,11 @@ pub struct NodeStorage {
     pub reader: StateReader,
     /// The random id this data directory got when it was created ([`identity::incarnation`]).
     pub incarnation: String,
-    /// Opened as a restored backup: every cluster name the backup holds, the applied one and
-    /// any that an entry of its log not yet applied gives. They all name the old cluster
-    /// ([`identity::PeerIdentity::restored`]).
-    pub backup_names: Vec<String>,
+    /// Opened as a restored backup (`restored`, or a restore begun here before the cluster was
+    /// named anew, [`identity::pending_restore`]): every cluster name the backup holds, the
+    /// applied one and any that an entry of its log not yet applied gives. They all name the
+    /// old cluster ([`identity::PeerIdentity::restored`]).
+    pub restoring: Option<Vec<String>>,
 }
 
 /// Opens the storage in `data_dir` (RocksDB in `db/`, the Raft log in `log/`, the latest
@@ -263,13 +264,18 @@ pub fn open(
         applied_on_disk: shared.applied_on_disk.clone(),
         fsync: shared.fsync.clone(),
     };
-    let mut backup_names = Vec::new();
-    if restored {
-        backup_names.extend(reader.cluster_id().map_err(|e| state_error(e.to_string()))?);
-        backup_names.extend(log.reader().cluster_names_after(applied).map_err(|e| state_error(e.to_string()))?);
-    }
+    let applied_name = reader.cluster_id().map_err(|e| state_error(e.to_string()))?;
+    let db_error = |source| OpenError::Db { path: db_path.display().to_string(), source };
+    let restoring = if restored {
+        let mut names: Vec<String> = applied_name.into_iter().collect();
+        names.extend(log.reader().cluster_names_after(applied).map_err(|e| state_error(e.to_string()))?);
+        identity::begin_restore(&db, &names).map_err(db_error)?;
+        Some(names)
+    } else {
+        identity::pending_restore(&db, applied_name.as_deref()).map_err(db_error)?
+    };
     let state = StateStore::new(db, machine, snapshots, metrics, applied_requests, shared);
-    Ok(NodeStorage { log, state, reader, incarnation, backup_names })
+    Ok(NodeStorage { log, state, reader, incarnation, restoring })
 }
 
 /// Reads the node's applied state without going through Raft. Whether a read is linearizable is
