@@ -39,7 +39,7 @@ pub const CLUSTER_HEADER: &str = "x-statestore-cluster";
 pub const EXPECTED_HEADER: &str = "x-statestore-expected-incarnation";
 
 const INCARNATION_KEY: &[u8] = b"incarnation";
-/// The backup's names while a restore waits for the cluster's new name (`\n`-separated).
+/// The backup's names while a restore waits for the cluster's new name.
 const RESTORING_KEY: &[u8] = b"restoring";
 
 /// A fresh random id: 32 hex digits.
@@ -64,20 +64,22 @@ pub fn incarnation(db: &DB, fresh: bool) -> Result<String, rocksdb::Error> {
 /// until the restored cluster is named anew: a node that restarts before then, with
 /// `--restored` or without, still waits for the new name instead of checking the backup's
 /// enrollments (which describe the old cluster's storage, not this node's new incarnation).
-pub fn begin_restore(db: &DB, names: &[String]) -> Result<(), rocksdb::Error> {
-    db.put_cf_opt(cf(db, RAFT_META_CF), RESTORING_KEY, names.join("\n").as_bytes(), &synced())
+pub fn begin_restore(db: &DB, names: &[String]) -> Result<(), String> {
+    let bytes = crate::wire::encode(&names).map_err(|e| e.to_string())?;
+    db.put_cf_opt(cf(db, RAFT_META_CF), RESTORING_KEY, bytes, &synced()).map_err(|e| e.to_string())
 }
 
 /// The backup's names if a restore began here ([`begin_restore`]) and the cluster as applied
 /// here (`applied_name`) has not been named anew since; a restore that has ended is forgotten.
-pub fn pending_restore(db: &DB, applied_name: Option<&str>) -> Result<Option<Vec<String>>, rocksdb::Error> {
-    let Some(bytes) = db.get_cf(cf(db, RAFT_META_CF), RESTORING_KEY)? else { return Ok(None) };
-    let names: Vec<String> =
-        String::from_utf8_lossy(&bytes).split('\n').filter(|name| !name.is_empty()).map(str::to_string).collect();
+pub fn pending_restore(db: &DB, applied_name: Option<&str>) -> Result<Option<Vec<String>>, String> {
+    let Some(bytes) = db.get_cf(cf(db, RAFT_META_CF), RESTORING_KEY).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    let names: Vec<String> = crate::wire::decode(&bytes).map_err(|e| e.to_string())?;
     if applied_name.is_none_or(|applied| names.iter().any(|name| name == applied)) {
         return Ok(Some(names));
     }
-    db.delete_cf_opt(cf(db, RAFT_META_CF), RESTORING_KEY, &synced())?;
+    db.delete_cf_opt(cf(db, RAFT_META_CF), RESTORING_KEY, &synced()).map_err(|e| e.to_string())?;
     Ok(None)
 }
 

@@ -239,8 +239,8 @@ pub fn open(
     if let Ok(Some((_, data))) = snapshots.current() {
         shared.log_bytes.set_snapshot_size(std::fs::metadata(data).map_or(0, |m| m.len()));
     }
-    let incarnation = identity::incarnation(&db, restored)
-        .map_err(|source| OpenError::Db { path: db_path.display().to_string(), source })?;
+    let db_error = |source| OpenError::Db { path: db_path.display().to_string(), source };
+    let incarnation = identity::incarnation(&db, restored).map_err(db_error)?;
     let (applied_requests, _) = broadcast::channel(APPLIED_FEED_CAPACITY);
     let machine = StateMachine::new(config);
     let log = LogStore::new(
@@ -265,14 +265,13 @@ pub fn open(
         fsync: shared.fsync.clone(),
     };
     let applied_name = reader.cluster_id().map_err(|e| state_error(e.to_string()))?;
-    let db_error = |source| OpenError::Db { path: db_path.display().to_string(), source };
     let restoring = if restored {
         let mut names: Vec<String> = applied_name.into_iter().collect();
         names.extend(log.reader().cluster_names_after(applied).map_err(|e| state_error(e.to_string()))?);
-        identity::begin_restore(&db, &names).map_err(db_error)?;
+        identity::begin_restore(&db, &names).map_err(state_error)?;
         Some(names)
     } else {
-        identity::pending_restore(&db, applied_name.as_deref()).map_err(db_error)?
+        identity::pending_restore(&db, applied_name.as_deref()).map_err(state_error)?
     };
     let state = StateStore::new(db, machine, snapshots, metrics, applied_requests, shared);
     Ok(NodeStorage { log, state, reader, incarnation, restoring })
