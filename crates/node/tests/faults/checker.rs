@@ -1,4 +1,4 @@
-//! Linearizability of one key's history against the sequential semantics of SET, SET NX, GET,
+//! Linearizability of one key's history against the sequential semantics of SET (NX, PX), GET,
 //! DEL and VDEL with fencing tokens (docs/protocol.md), in the manner of Wing & Gong with Lowe's
 //! memoization: a
 //! depth-first search for an order of the operations that respects real time (an operation that
@@ -6,16 +6,33 @@
 //! sequential store would have given. An operation without an answer (timed out) may have taken
 //! effect once, at any point after its invocation, or never.
 //!
+//! A value written with `PX` lapses at a moment the history knows only within bounds: the store
+//! stamps the deadline from its clock when it applies the SET, somewhere between the call's
+//! invocation and its answer (plus [`CLOCK_SLACK_US`] either way for the clock's resolution and
+//! the few milliseconds a request's timestamp may push it). The search keeps that window with the
+//! state, and each operation on the key may find the value still there or lapsed, as long as the
+//! window allows it at a moment the operation could have taken effect; what it finds narrows the
+//! window, and the moment it took effect bounds the operations after it.
+//!
 //! Written values are unique, which keeps the search narrow: a read names the write it saw.
 
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 
+/// How far the store's clock may put a `PX` deadline from the history's own clock, either way
+/// (µs): milliseconds truncated, a request's timestamp pushing the version up to 6 ms ahead, the
+/// wall clock and the monotonic one drifting apart over a run.
+pub const CLOCK_SLACK_US: u64 = 20_000;
+
 /// What was asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
-    Set(String),
-    SetNx(String),
+    /// `SET`, with `NX` when `nx`, with `PX px_ms` when given.
+    Set {
+        value: String,
+        nx: bool,
+        px_ms: Option<u64>,
+    },
     Get,
     Del,
     VDel(String),
@@ -38,7 +55,8 @@ pub enum Answer {
 /// every token's pair unique.
 pub type Token = (u64, u64);
 
-/// One operation on one key. `returned` is `None` when no answer came. `token` is its `__ft`.
+/// One operation on one key, times in µs of the history's clock. `returned` is `None` when no
+/// answer came. `token` is its `__ft`.
 #[derive(Debug, Clone)]
 pub struct Op {
     pub invoked: u64,
@@ -48,18 +66,21 @@ pub struct Op {
     pub answer: Option<Answer>,
 }
 
-/// A key as the sequential store holds it: its value and the token protecting it (only while
-/// it exists: deleting a key discards its token).
+/// A key as the sequential store holds it: its value, the token protecting it (only while it
+/// exists: deleting a key discards its token), and, for a value written with `PX`, the window
+/// its deadline lies in (µs, the first bound excluded: the value was seen after it).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct State {
     pub value: Option<String>,
     pub token: Option<Token>,
+    pub deadline: Option<(u64, u64)>,
 }
 
-/// The sequential store's answer to `call` with `token` on `state`, and the state after it. SET,
-/// DEL and VDEL on a key with a token need one at least as new; a SET that applies keeps the
-/// newer token. Reads never need one.
-pub fn step(state: &State, call: &Call, token: Option<Token>) -> (Answer, State) {
+/// The sequential store's answer to `call` with `token` on `state` (a value whose deadline has
+/// passed already taken away), and the state after it. SET, DEL and VDEL on a key with a token
+/// need one at least as new; a SET that applies keeps the newer token and sets the deadline to
+/// `deadline` (from its `PX`), or none. Reads never need a token.
+pub fn step(state: &State, call: &Call, token: Option<Token>, deadline: Option<(u64, u64)>) -> (Answer, State) {
     let unchanged = state.clone();
     if !matches!(call, Call::Get) {
         match (state.token, token) {
@@ -68,11 +89,11 @@ pub fn step(state: &State, call: &Call, token: Option<Token>) -> (Answer, State)
             _ => {}
         }
     }
-    let set = |value: &String| State { value: Some(value.clone()), token: state.token.max(token) };
+    let set = |value: &String| State { value: Some(value.clone()), token: state.token.max(token), deadline };
     match call {
-        Call::Set(v) => (Answer::Ok, set(v)),
-        Call::SetNx(v) => match &state.value {
-            None => (Answer::Ok, set(v)),
+        Call::Set { value, nx: false, .. } => (Answer::Ok, set(value)),
+        Call::Set { value, nx: true, .. } => match &state.value {
+            None => (Answer::Ok, set(value)),
             Some(_) => (Answer::Int(-1), unchanged),
         },
         Call::Get => (state.value.clone().map_or(Answer::Nil, Answer::Value), unchanged),
@@ -88,6 +109,44 @@ pub fn step(state: &State, call: &Call, token: Option<Token>) -> (Answer, State)
     }
 }
 
+/// The ways `op` may take effect on `state` when no operation placed before it took effect
+/// later than `now`: the answer, the state after it, and the earliest moment it can have taken
+/// effect. A value with a deadline may still be there (if the deadline can fall after that
+/// moment) or have lapsed (if it can fall before the op's answer).
+fn outcomes(state: &State, op: &Op, now: u64) -> Vec<(Answer, State, u64)> {
+    let earliest = now.max(op.invoked);
+    let latest = op.returned.unwrap_or(u64::MAX);
+    if earliest > latest {
+        return Vec::new();
+    }
+    let mut before = Vec::with_capacity(2);
+    match state.deadline {
+        None => before.push((state.clone(), earliest)),
+        Some((after, by)) => {
+            if by > earliest {
+                before.push((State { deadline: Some((after.max(earliest), by)), ..state.clone() }, earliest));
+            }
+            if after < latest {
+                before.push((State::default(), earliest.max(after + 1)));
+            }
+        }
+    }
+    before
+        .into_iter()
+        .map(|(state, at)| {
+            let deadline = match op.call {
+                Call::Set { px_ms: Some(px), .. } => {
+                    let px = px * 1_000;
+                    Some(((at + px).saturating_sub(CLOCK_SLACK_US), latest.saturating_add(px + CLOCK_SLACK_US)))
+                }
+                _ => None,
+            };
+            let (answer, after) = step(&state, &op.call, op.token, deadline);
+            (answer, after, at)
+        })
+        .collect()
+}
+
 /// The verdict on one key's history.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -99,27 +158,37 @@ pub enum Verdict {
 }
 
 /// Decides whether `ops` (one key's, starting from an absent key) are linearizable, visiting at
-/// most `budget` search states.
+/// most `budget` search states. One set of linearized operations is kept and changed as the
+/// search goes down and back, with its hash kept alongside (Zobrist's), so a step costs the
+/// same however long the history is.
 pub fn check(ops: &[Op], budget: usize) -> Verdict {
     // Reads that got no answer change nothing and constrain nothing.
     let mut ops: Vec<Op> = ops.iter().filter(|op| !(op.answer.is_none() && op.call == Call::Get)).cloned().collect();
     ops.sort_by_key(|op| op.invoked);
     let n = ops.len();
-    let words = n.div_ceil(64);
     let required = ops.iter().filter(|op| op.answer.is_some()).count();
-    // (linearized set, state) pairs already explored.
+    let answered_by = |i: usize| ops[i].returned.filter(|_| ops[i].answer.is_some());
+    // Two 64-bit random words per operation, XORed into the hash of the linearized set.
+    let zobrist: Vec<(u64, u64)> = (0..n as u64).map(|i| (mix(2 * i + 1), mix(2 * i + 2))).collect();
+    let mut done = vec![false; n];
+    let mut done_hash = (0u64, 0u64);
+    // (linearized set, state, moment) triples already explored.
     let mut seen: HashSet<(u64, u64)> = HashSet::new();
     struct Frame {
-        done: Vec<u64>,
+        /// The operation placed to get here (none for the first frame).
+        placed_op: Option<usize>,
         state: State,
+        /// No operation placed so far can have taken effect later than this (µs).
+        now: u64,
         placed: usize,
         /// Every operation before this one is linearized.
         low: usize,
-        /// The next candidate to try.
+        /// The next candidate to try, and the outcomes of the one being tried not tried yet.
         next: usize,
+        pending: Vec<(usize, State, u64)>,
     }
-    let is_done = |done: &[u64], i: usize| done[i / 64] & (1 << (i % 64)) != 0;
-    let mut stack = vec![Frame { done: vec![0; words], state: State::default(), placed: 0, low: 0, next: 0 }];
+    let first = Frame { placed_op: None, state: State::default(), now: 0, placed: 0, low: 0, next: 0, pending: vec![] };
+    let mut stack = vec![first];
     let mut visited = 0usize;
     let mut deepest = 0usize;
     while let Some(frame) = stack.last_mut() {
@@ -127,37 +196,51 @@ pub fn check(ops: &[Op], budget: usize) -> Verdict {
             return Verdict::Linearizable;
         }
         // An operation may go next only if it was invoked before every remaining answered
-        // operation returned.
-        let horizon = (frame.low..n)
-            .filter(|i| !is_done(&frame.done, *i))
-            .filter_map(|i| ops[i].returned.filter(|_| ops[i].answer.is_some()))
-            .min()
-            .unwrap_or(u64::MAX);
-        let mut pushed = None;
-        while frame.next < n {
-            let i = frame.next;
-            frame.next += 1;
-            if is_done(&frame.done, i) {
-                continue;
-            }
+        // operation returned. Operations are in order of invocation, so the earliest answer
+        // is among those invoked before it.
+        let mut horizon = u64::MAX;
+        for i in frame.low..n {
             if ops[i].invoked > horizon {
                 break;
             }
-            let (answer, state) = step(&frame.state, &ops[i].call, ops[i].token);
-            if ops[i].answer.as_ref().is_some_and(|given| *given != answer) {
+            if !done[i] {
+                horizon = horizon.min(answered_by(i).unwrap_or(u64::MAX));
+            }
+        }
+        let mut pushed = None;
+        loop {
+            if frame.pending.is_empty() {
+                if frame.next >= n {
+                    break;
+                }
+                let i = frame.next;
+                frame.next += 1;
+                if done[i] {
+                    continue;
+                }
+                if ops[i].invoked > horizon {
+                    break;
+                }
+                frame.pending = outcomes(&frame.state, &ops[i], frame.now)
+                    .into_iter()
+                    .filter(|(answer, ..)| ops[i].answer.as_ref().is_none_or(|given| given == answer))
+                    .map(|(_, state, at)| (i, state, at))
+                    .collect();
                 continue;
             }
-            let mut done = frame.done.clone();
-            done[i / 64] |= 1 << (i % 64);
-            if !seen.insert(fingerprint(&done, &state)) {
+            let (i, state, at) = frame.pending.pop().expect("not empty");
+            let hash = (done_hash.0 ^ zobrist[i].0, done_hash.1 ^ zobrist[i].1);
+            if !seen.insert(fingerprint(hash, &state, at)) {
                 continue;
             }
+            done[i] = true;
+            done_hash = hash;
             let placed = frame.placed + usize::from(ops[i].answer.is_some());
             let mut low = frame.low;
-            while low < n && is_done(&done, low) {
+            while low < n && done[low] {
                 low += 1;
             }
-            pushed = Some(Frame { done, state, placed, low, next: low });
+            pushed = Some(Frame { placed_op: Some(i), state, now: at, placed, low, next: low, pending: vec![] });
             break;
         }
         match pushed {
@@ -170,7 +253,10 @@ pub fn check(ops: &[Op], budget: usize) -> Verdict {
                 stack.push(next);
             }
             None => {
-                stack.pop();
+                if let Some(i) = stack.pop().and_then(|frame| frame.placed_op) {
+                    done[i] = false;
+                    done_hash = (done_hash.0 ^ zobrist[i].0, done_hash.1 ^ zobrist[i].1);
+                }
             }
         }
     }
@@ -188,15 +274,24 @@ pub fn check(ops: &[Op], budget: usize) -> Verdict {
     ))
 }
 
-fn fingerprint(done: &[u64], state: &State) -> (u64, u64) {
+/// SplitMix64's finalizer: a well-spread 64-bit word for each input.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The memo key of a linearized set (by its hash), a state and a moment.
+fn fingerprint(done: (u64, u64), state: &State, now: u64) -> (u64, u64) {
     let hash = |seed: u64| {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         seed.hash(&mut hasher);
-        done.hash(&mut hasher);
         state.hash(&mut hasher);
+        now.hash(&mut hasher);
         hasher.finish()
     };
-    (hash(1), hash(2))
+    (done.0 ^ hash(1), done.1 ^ hash(2))
 }
 
 #[cfg(test)]
@@ -216,7 +311,15 @@ mod tests {
     }
 
     fn set(v: &str) -> Call {
-        Call::Set(v.into())
+        Call::Set { value: v.into(), nx: false, px_ms: None }
+    }
+
+    fn set_nx(v: &str) -> Call {
+        Call::Set { value: v.into(), nx: true, px_ms: None }
+    }
+
+    fn set_px(v: &str, px_ms: u64) -> Call {
+        Call::Set { value: v.into(), nx: false, px_ms: Some(px_ms) }
     }
 
     fn value(v: &str) -> Answer {
@@ -235,8 +338,8 @@ mod tests {
             op(5, 6, Call::Get, value("a")),
             op(7, 8, Call::Get, value("b")),
             op(11, 12, Call::VDel("b".into()), Answer::Int(1)),
-            op(13, 14, Call::SetNx("c".into()), Answer::Ok),
-            op(15, 16, Call::SetNx("d".into()), Answer::Int(-1)),
+            op(13, 14, set_nx("c"), Answer::Ok),
+            op(15, 16, set_nx("d"), Answer::Int(-1)),
             op(17, 18, Call::Del, Answer::Int(1)),
             op(19, 20, Call::Del, Answer::Int(0)),
         ];
@@ -274,13 +377,10 @@ mod tests {
 
     #[test]
     fn two_successful_set_nx_without_a_delete_between_are_caught() {
-        let history = [op(0, 1, Call::SetNx("a".into()), Answer::Ok), op(2, 3, Call::SetNx("b".into()), Answer::Ok)];
+        let history = [op(0, 1, set_nx("a"), Answer::Ok), op(2, 3, set_nx("b"), Answer::Ok)];
         assert!(matches!(check(&history, BUDGET), Verdict::NotLinearizable(_)));
-        let with_delete = [
-            op(0, 1, Call::SetNx("a".into()), Answer::Ok),
-            op(2, 3, Call::Del, Answer::Int(1)),
-            op(4, 5, Call::SetNx("b".into()), Answer::Ok),
-        ];
+        let with_delete =
+            [op(0, 1, set_nx("a"), Answer::Ok), op(2, 3, Call::Del, Answer::Int(1)), op(4, 5, set_nx("b"), Answer::Ok)];
         assert_eq!(check(&with_delete, BUDGET), Verdict::Linearizable);
     }
 
@@ -312,5 +412,62 @@ mod tests {
     fn a_vdel_of_the_current_value_that_says_mismatch_is_caught() {
         let history = [op(0, 1, set("a"), Answer::Ok), op(2, 3, Call::VDel("a".into()), Answer::Int(-1))];
         assert!(matches!(check(&history, BUDGET), Verdict::NotLinearizable(_)));
+    }
+
+    const MS: u64 = 1_000;
+
+    #[test]
+    fn a_value_written_with_px_lapses_inside_its_window_and_stays_lapsed() {
+        // SET PX 100 ms answered at 1 ms: the deadline lies between 100 and 101 ms, give or
+        // take the clock slack.
+        let lapsed = [
+            op(0, MS, set_px("a", 100), Answer::Ok),
+            op(50 * MS, 51 * MS, Call::Get, value("a")),
+            op(200 * MS, 201 * MS, Call::Get, Answer::Nil),
+            op(202 * MS, 203 * MS, set_nx("b"), Answer::Ok),
+        ];
+        assert_eq!(check(&lapsed, BUDGET), Verdict::Linearizable);
+        // Around the deadline either answer will do, one after the other...
+        let around = [
+            op(0, MS, set_px("a", 100), Answer::Ok),
+            op(95 * MS, 96 * MS, Call::Get, value("a")),
+            op(97 * MS, 98 * MS, Call::Get, Answer::Nil),
+        ];
+        assert_eq!(check(&around, BUDGET), Verdict::Linearizable);
+        // ...but not the value again once it was seen lapsed.
+        let back = [
+            op(0, MS, set_px("a", 100), Answer::Ok),
+            op(95 * MS, 96 * MS, Call::Get, Answer::Nil),
+            op(97 * MS, 98 * MS, Call::Get, value("a")),
+        ];
+        assert!(matches!(check(&back, BUDGET), Verdict::NotLinearizable(_)));
+        // A SET without PX ends the deadline.
+        let kept = [
+            op(0, MS, set_px("a", 100), Answer::Ok),
+            op(2 * MS, 3 * MS, set("b"), Answer::Ok),
+            op(500 * MS, 501 * MS, Call::Get, value("b")),
+        ];
+        assert_eq!(check(&kept, BUDGET), Verdict::Linearizable);
+    }
+
+    #[test]
+    fn a_value_that_lapses_too_early_or_too_late_is_caught() {
+        let early = [op(0, MS, set_px("a", 100), Answer::Ok), op(40 * MS, 41 * MS, Call::Get, Answer::Nil)];
+        assert!(matches!(check(&early, BUDGET), Verdict::NotLinearizable(_)));
+        let late = [op(0, MS, set_px("a", 100), Answer::Ok), op(200 * MS, 201 * MS, Call::Get, value("a"))];
+        assert!(matches!(check(&late, BUDGET), Verdict::NotLinearizable(_)));
+        // A write that found the key free cannot have come before a read that saw it still set.
+        let nx_too_soon = [
+            op(0, MS, set_px("a", 100), Answer::Ok),
+            op(50 * MS, 250 * MS, Call::Get, Answer::Nil),
+            op(60 * MS, 70 * MS, set_nx("b"), Answer::Ok),
+        ];
+        assert!(matches!(check(&nx_too_soon, BUDGET), Verdict::NotLinearizable(_)));
+        // A lapsed value takes its fencing token with it.
+        let token_gone = [
+            fenced(0, MS, set_px("a", 100), 10, Answer::Ok),
+            op(300 * MS, 301 * MS, set("b"), Answer::FencingRequired),
+        ];
+        assert!(matches!(check(&token_gone, BUDGET), Verdict::NotLinearizable(_)));
     }
 }

@@ -1,14 +1,17 @@
 //! The fault-injection suite: three real node processes and a real Mosquitto; concurrent MQTT
-//! clients (shaped as the SDKs send) run SET, SET NX, GET, DEL and VDEL on a few keys and record
-//! every call, while faults come one after another. Half the keys are fenced: writes to them
-//! carry a fencing token (`__ft`), mostly a fresh one, sometimes a stale one or none, so the
-//! store's token checks are part of every history.
+//! clients (shaped as the SDKs send) run SET, SET NX, GET, DEL and VDEL on a few keys, a quarter
+//! of the writes with `PX` (100 ms to 3 s, so values lapse among the calls), and record every
+//! call, while faults come one after another. Half the keys are fenced: writes to them carry a
+//! fencing token (`__ft`), mostly a fresh one, sometimes a stale one or none, so the store's
+//! token checks are part of every history.
 //!
 //! - `kill`: the leader is killed with SIGKILL and started again a second later;
 //! - `pause`: the leader is stopped with SIGSTOP for 1–6 s, then continued;
 //! - `partition-leader` / `partition-follower`: a node is cut off from its peers for 3 s (every
 //!   Raft link goes through a TCP proxy the suite cuts) while it keeps its broker;
 //! - `broker`: the leader's link to the broker is cut for 3 s;
+//! - `disk`: the leader's `fsync`s stall for 3 s (a preloaded library makes them wait,
+//!   `common::disk`);
 //! - `clock`: a follower is restarted with its wall clock 30 s ahead (libfaketime) for 6 s, then
 //!   restarted with the true time.
 //!
@@ -43,8 +46,10 @@ const FENCED_FROM: usize = KEYS / 2;
 /// How long a client waits for an answer before it counts the call as unanswered.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
-/// Search states the checker may visit per key.
-const CHECK_BUDGET: usize = 2_000_000;
+/// Search states the checker may visit per operation of a key's history.
+const CHECK_BUDGET_PER_OP: usize = 200;
+/// The longest pause a client takes between two calls (a random part of it, each time).
+const THINK_TIME_MS: u64 = 15;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Fault {
@@ -53,12 +58,20 @@ enum Fault {
     PartitionLeader,
     PartitionFollower,
     Broker,
+    Disk,
     Clock,
 }
 
 impl Fault {
-    const ALL: [Fault; 6] =
-        [Fault::Kill, Fault::Pause, Fault::PartitionLeader, Fault::PartitionFollower, Fault::Broker, Fault::Clock];
+    const ALL: [Fault; 7] = [
+        Fault::Kill,
+        Fault::Pause,
+        Fault::PartitionLeader,
+        Fault::PartitionFollower,
+        Fault::Broker,
+        Fault::Disk,
+        Fault::Clock,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -67,6 +80,7 @@ impl Fault {
             Fault::PartitionLeader => "partition-leader",
             Fault::PartitionFollower => "partition-follower",
             Fault::Broker => "broker",
+            Fault::Disk => "disk",
             Fault::Clock => "clock",
         }
     }
@@ -88,6 +102,8 @@ struct Rig {
     links: PeerLinks,
     /// node → the proxy it reaches the broker through.
     broker_links: BTreeMap<u64, Gate>,
+    /// node → the environment of its faulty disk (`common::disk`), which every start keeps.
+    disk_env: BTreeMap<u64, Vec<(String, String)>>,
     http: reqwest::Client,
 }
 
@@ -101,7 +117,17 @@ impl Rig {
         for &id in ports.keys() {
             broker_links.insert(id, Gate::start(broker.port).await);
         }
+        let library = common::disk::faulty_disk_library(cluster.dir.path());
+        let mut disk_env = BTreeMap::new();
         for (&id, node) in cluster.nodes.iter_mut() {
+            let faults = common::disk::DiskFaults {
+                stall: &Rig::stall_file(&cluster.dir, id),
+                fail: &cluster.dir.path().join(format!("fail-{id}")),
+                full: &cluster.dir.path().join(format!("full-{id}")),
+                data_dir: &node.data_dir,
+            };
+            node.env = common::disk::faulty_disk_env(&library, &faults);
+            disk_env.insert(id, node.env.clone());
             node.args = vec![
                 "--broker".into(),
                 format!("127.0.0.1:{}", broker_links[&id].port),
@@ -114,7 +140,12 @@ impl Rig {
         }
         cluster.wait_ready().await;
         let http = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap();
-        Rig { broker, cluster, links, broker_links, http }
+        Rig { broker, cluster, links, broker_links, disk_env, http }
+    }
+
+    /// While this file exists, node `id`'s `fsync`s wait.
+    fn stall_file(dir: &tempfile::TempDir, id: u64) -> std::path::PathBuf {
+        dir.path().join(format!("stall-{id}"))
     }
 
     /// The leader that the nodes answering within 500 ms agree on, waiting up to 30 s.
@@ -175,18 +206,28 @@ impl Rig {
                 self.broker_links[&leader].heal();
                 format!("node {leader} (leader) cut off from the broker for 3 s")
             }
+            Fault::Disk => {
+                let stall = Rig::stall_file(&self.cluster.dir, leader);
+                std::fs::File::create(&stall).unwrap();
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                std::fs::remove_file(&stall).unwrap();
+                format!("node {leader} (leader): fsyncs stalled for 3 s")
+            }
             Fault::Clock => {
                 self.cluster.kill(follower);
-                self.cluster.nodes.get_mut(&follower).unwrap().env = vec![
-                    ("LD_PRELOAD".into(), LIBFAKETIME.into()),
+                let mut env = self.disk_env[&follower].clone();
+                let (_, preload) = env.iter_mut().find(|(name, _)| name == "LD_PRELOAD").expect("the disk library");
+                *preload = format!("{preload} {LIBFAKETIME}");
+                env.extend([
                     ("FAKETIME".into(), "+30s".into()),
                     ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
                     ("FAKETIME_DONT_RESET".into(), "1".into()),
-                ];
+                ]);
+                self.cluster.nodes.get_mut(&follower).unwrap().env = env;
                 self.cluster.spawn(follower);
                 tokio::time::sleep(Duration::from_secs(6)).await;
                 self.cluster.kill(follower);
-                self.cluster.nodes.get_mut(&follower).unwrap().env.clear();
+                self.cluster.nodes.get_mut(&follower).unwrap().env = self.disk_env[&follower].clone();
                 self.cluster.spawn(follower);
                 format!("node {follower} (follower) ran 30 s ahead for 6 s")
             }
@@ -198,10 +239,12 @@ impl Rig {
 fn command(key: usize, call: &Call) -> Command {
     let key = format!("lin-{key}").into_bytes();
     match call {
-        Call::Set(v) => Command::Set(Set::new(key, v.as_bytes())),
-        Call::SetNx(v) => {
-            Command::Set(Set { key, value: v.as_bytes().to_vec(), condition: SetCondition::NotExists, expiry_ms: None })
-        }
+        Call::Set { value, nx, px_ms } => Command::Set(Set {
+            key,
+            value: value.as_bytes().to_vec(),
+            condition: if *nx { SetCondition::NotExists } else { SetCondition::Always },
+            expiry_ms: *px_ms,
+        }),
         Call::Get => Command::Get(Get { key }),
         Call::Del => Command::Del(Del { key }),
         Call::VDel(v) => Command::VDel(VDel { key, value: v.as_bytes().to_vec() }),
@@ -212,7 +255,7 @@ fn command(key: usize, call: &Call) -> Command {
 fn is_write(op: &Op) -> bool {
     matches!(
         (&op.call, &op.answer),
-        (Call::Set(_) | Call::SetNx(_), Some(Answer::Ok)) | (Call::Del | Call::VDel(_), Some(Answer::Int(1)))
+        (Call::Set { .. }, Some(Answer::Ok)) | (Call::Del | Call::VDel(_), Some(Answer::Int(1)))
     )
 }
 
@@ -242,16 +285,21 @@ async fn client(
     stop: Arc<std::sync::atomic::AtomicBool>,
     written: Arc<Mutex<Vec<Vec<String>>>>,
 ) -> (Vec<Record>, usize) {
-    let client = RawClient::connect(broker_port, &format!("faults-client-{id}")).await;
+    // Without Nagle's algorithm, as the node's own connection: a call goes out as soon as the
+    // previous one is answered and the client has thought for a moment.
+    let client = RawClient::connect_with_nagle(broker_port, &format!("faults-client-{id}"), false).await;
     let (mut records, mut errors) = (Vec::new(), 0);
     let mut seq = 0u64;
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(..=THINK_TIME_MS))).await;
         seq += 1;
         let key = fastrand::usize(..KEYS);
         let value = format!("c{id}-{seq}");
+        // A quarter of the writes lapse after a while (`PX`), some of them before the next write.
+        let px_ms = (fastrand::u8(..4) == 0).then(|| [100, 300, 1_000, 3_000][fastrand::usize(..4)]);
         let call = match fastrand::u8(..100) {
-            0..40 => Call::Set(value.clone()),
-            40..50 => Call::SetNx(value.clone()),
+            0..40 => Call::Set { value: value.clone(), nx: false, px_ms },
+            40..50 => Call::Set { value: value.clone(), nx: true, px_ms },
             50..75 => Call::Get,
             75..87 => Call::Del,
             _ => {
@@ -262,7 +310,7 @@ async fn client(
                 }
             }
         };
-        if matches!(call, Call::Set(_) | Call::SetNx(_)) {
+        if matches!(call, Call::Set { .. }) {
             let mut written = written.lock().unwrap();
             written[key].push(value);
             if written[key].len() > 8 {
@@ -379,13 +427,15 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
     }
 
     // Linearizability per key, and versions of acknowledged writes rising in real time.
+    let checking = Instant::now();
     let mut anomalies = Vec::new();
     for key in 0..KEYS {
         let ops: Vec<Op> = records.iter().filter(|r| r.key == key).map(|r| r.op.clone()).collect();
-        match checker::check(&ops, CHECK_BUDGET) {
+        let budget = (ops.len() * CHECK_BUDGET_PER_OP).max(2_000_000);
+        match checker::check(&ops, budget) {
             Verdict::Linearizable => {}
             Verdict::NotLinearizable(why) => anomalies.push(format!("lin-{key} is not linearizable: {why}")),
-            Verdict::Undecided => anomalies.push(format!("lin-{key}: undecided within {CHECK_BUDGET} states")),
+            Verdict::Undecided => anomalies.push(format!("lin-{key}: undecided within {budget} states")),
         }
         let mut writes: Vec<(&Op, &Hlc)> = records
             .iter()
@@ -401,6 +451,8 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
             }
         }
     }
+
+    let checked_in = checking.elapsed();
 
     // The longest time without an answer around each fault: from its start until the next one
     // starts (the calm after it included).
@@ -428,7 +480,11 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
         let max = values.iter().copied().max().unwrap_or(0);
         println!("{:<18} {:>6} {:>22} {:>18}", fault.name(), values.len(), median(values), max);
     }
-    println!("linearizability anomalies (acknowledged writes lost included): {}", anomalies.len());
+    println!(
+        "linearizability anomalies (acknowledged writes lost included): {} (checked in {:.1} s)",
+        anomalies.len(),
+        checked_in.as_secs_f64()
+    );
     for anomaly in &anomalies {
         println!("  {anomaly}");
     }
