@@ -6,6 +6,8 @@
 //! token checks are part of every history.
 //!
 //! - `kill`: the leader is killed with SIGKILL and started again a second later;
+//! - `kill-all`: every node is killed with SIGKILL, one right after the other, and all are
+//!   started again a second later (a whole cluster losing power, as far as a process can);
 //! - `pause`: the leader is stopped with SIGSTOP for 1–6 s, then continued;
 //! - `partition-leader` / `partition-follower`: a node is cut off from its peers for 3 s (every
 //!   Raft link goes through a TCP proxy the suite cuts) while it keeps its broker;
@@ -54,6 +56,7 @@ const THINK_TIME_MS: u64 = 15;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Fault {
     Kill,
+    KillAll,
     Pause,
     PartitionLeader,
     PartitionFollower,
@@ -63,8 +66,9 @@ enum Fault {
 }
 
 impl Fault {
-    const ALL: [Fault; 7] = [
+    const ALL: [Fault; 8] = [
         Fault::Kill,
+        Fault::KillAll,
         Fault::Pause,
         Fault::PartitionLeader,
         Fault::PartitionFollower,
@@ -76,6 +80,7 @@ impl Fault {
     fn name(self) -> &'static str {
         match self {
             Fault::Kill => "kill",
+            Fault::KillAll => "kill-all",
             Fault::Pause => "pause",
             Fault::PartitionLeader => "partition-leader",
             Fault::PartitionFollower => "partition-follower",
@@ -185,6 +190,16 @@ impl Rig {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 self.cluster.spawn(leader);
                 format!("node {leader} (leader) killed, restarted after 1 s")
+            }
+            Fault::KillAll => {
+                for id in 1..=NODES {
+                    self.cluster.kill(id);
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                for id in 1..=NODES {
+                    self.cluster.spawn(id);
+                }
+                format!("every node killed, all restarted after 1 s (node {leader} led)")
             }
             Fault::Pause => {
                 let secs = fastrand::u64(1..=6);
