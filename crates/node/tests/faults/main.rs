@@ -17,10 +17,13 @@
 //! - `clock`: a follower is restarted with its wall clock 30 s ahead (libfaketime) for 6 s, then
 //!   restarted with the true time.
 //!
+//! A watcher has registered for every key's notifications (`KEYNOTIFY`) before the calls begin.
+//!
 //! Then every fault is healed, every key read once more, and the histories checked: each key's
 //! history is linearizable (calls without an answer may have happened or not), so no
 //! acknowledged write is lost; versions of acknowledged writes to a key rise in real-time order;
-//! every node is ready again. The longest time without any answer around each fault is reported.
+//! every acknowledged write reached the watcher as a notification with its version, and no write
+//! that was refused did; every node is ready again. The longest time without any answer around each fault is reported.
 //!
 //! `cargo test --release -p statestore-node --test faults` runs the short mode (150 s);
 //! `FAULTS_SECS=1800` runs the long one; `FAULTS_KINDS=pause,kill` picks the faults.
@@ -38,7 +41,10 @@ use common::broker::Broker;
 use common::gate::{Gate, PeerLinks};
 use common::mqtt::RawClient;
 use common::{timestamp, Cluster};
-use statestore_protocol::{Command, Del, Get, Hlc, Response, Set, SetCondition, StoreError, VDel};
+use statestore_protocol::topic::hex_upper;
+use statestore_protocol::{
+    Command, Del, Get, Hlc, KeyNotify, Notification, Response, Set, SetCondition, StoreError, VDel,
+};
 
 const NODES: u64 = 3;
 const CLIENTS: usize = 6;
@@ -250,9 +256,91 @@ impl Rig {
     }
 }
 
+/// The key a call names.
+fn key_name(key: usize) -> Vec<u8> {
+    format!("lin-{key}").into_bytes()
+}
+
+/// A client registered for the notifications of every key.
+async fn watch_every_key(broker_port: u16) -> RawClient {
+    let watcher = RawClient::connect(broker_port, "faults-watcher").await;
+    for key in 0..KEYS {
+        let register = Command::KeyNotify(KeyNotify { key: key_name(key), stop: false });
+        let received = watcher.request(&register.encode(), &timestamp()).await;
+        assert!(matches!(Response::decode(&received.payload), Ok(Response::Ok)), "KEYNOTIFY lin-{key}");
+    }
+    watcher
+}
+
+/// What a notification says happened to a key: the value set, or `None` for a delete.
+type Notified = (usize, String, Option<String>);
+
+/// Every acknowledged write reached the watcher as a notification carrying the write's version
+/// (waiting up to 10 s for the last ones), and no write that was refused did. The anomalies.
+async fn check_notifications(watcher: &RawClient, records: &[Record]) -> Vec<String> {
+    let keys: BTreeMap<String, usize> = (0..KEYS).map(|key| (hex_upper(&key_name(key)), key)).collect();
+    let expected: Vec<Notified> = records
+        .iter()
+        .filter(|r| is_write(&r.op))
+        .filter_map(|r| {
+            let version = r.version.as_ref()?.to_string();
+            let value = match &r.op.call {
+                Call::Set { value, .. } => Some(value.clone()),
+                _ => None,
+            };
+            Some((r.key, version, value))
+        })
+        .collect();
+    let mut notified = std::collections::HashSet::new();
+    let mut anomalies = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        for received in watcher.take_notifications() {
+            let key = received.topic.rsplit('/').next().and_then(|hex| keys.get(hex).copied());
+            let version = received.user("__ts").map(str::to_string);
+            let (Some(key), Some(version)) = (key, version) else {
+                anomalies.push(format!("a notification for no key of the suite or without __ts: {}", received.topic));
+                continue;
+            };
+            let value = match Notification::decode(&received.payload) {
+                Some(Notification::Set { value }) => Some(String::from_utf8_lossy(&value).into_owned()),
+                Some(Notification::Delete) => None,
+                None => {
+                    anomalies.push(format!("lin-{key}: a notification that does not decode"));
+                    continue;
+                }
+            };
+            notified.insert((key, version, value));
+        }
+        if expected.iter().all(|write| notified.contains(write)) || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("{} distinct notifications for {} acknowledged writes", notified.len(), expected.len());
+    for (key, version, value) in expected.iter().filter(|write| !notified.contains(*write)) {
+        let what = value.as_ref().map_or("a delete".to_string(), |v| format!("the SET of {v}"));
+        anomalies.push(format!("lin-{key}: {what}, acknowledged with version {version}, was never notified"));
+    }
+    let refused: std::collections::HashSet<&str> = records
+        .iter()
+        .filter(|r| r.op.answer.as_ref().is_some_and(|answer| *answer != Answer::Ok))
+        .filter_map(|r| match &r.op.call {
+            Call::Set { value, .. } => Some(value.as_str()),
+            _ => None,
+        })
+        .collect();
+    for (key, _, value) in &notified {
+        if let Some(value) = value.as_deref().filter(|value| refused.contains(value)) {
+            anomalies.push(format!("lin-{key}: the SET of {value} was refused, yet notified"));
+        }
+    }
+    anomalies
+}
+
 /// The request a call sends.
 fn command(key: usize, call: &Call) -> Command {
-    let key = format!("lin-{key}").into_bytes();
+    let key = key_name(key);
     match call {
         Call::Set { value, nx, px_ms } => Command::Set(Set {
             key,
@@ -394,6 +482,7 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
     };
     assert!(std::path::Path::new(LIBFAKETIME).exists(), "{LIBFAKETIME} is missing: cluster/packages.sh --tests");
     let mut rig = Rig::start().await;
+    let watcher = watch_every_key(rig.broker.port).await;
     let started = Instant::now();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let written = Arc::new(Mutex::new(vec![Vec::new(); KEYS]));
@@ -467,6 +556,7 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
         }
     }
 
+    anomalies.extend(check_notifications(&watcher, &records).await);
     let checked_in = checking.elapsed();
 
     // The longest time without an answer around each fault: from its start until the next one
@@ -496,7 +586,7 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
         println!("{:<18} {:>6} {:>22} {:>18}", fault.name(), values.len(), median(values), max);
     }
     println!(
-        "linearizability anomalies (acknowledged writes lost included): {} (checked in {:.1} s)",
+        "anomalies (lost acknowledged writes and notifications included): {} (checked in {:.1} s)",
         anomalies.len(),
         checked_in.as_secs_f64()
     );
