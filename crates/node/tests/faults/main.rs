@@ -187,7 +187,8 @@ impl Rig {
         self.links.cut_off(node, cut);
     }
 
-    /// Injects one fault and heals it; returns when it is healed.
+    /// Injects one fault and heals it; returns when it is healed (a restarted node ready again,
+    /// so that faults do not pile up on a node still starting).
     async fn inject(&mut self, fault: Fault) -> String {
         let leader = self.leader(None).await;
         let follower = (1..=NODES).find(|id| *id != leader).unwrap();
@@ -196,6 +197,7 @@ impl Rig {
                 self.cluster.kill(leader);
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 self.cluster.spawn(leader);
+                self.cluster.wait_ready().await;
                 format!("node {leader} (leader) killed, restarted after 1 s")
             }
             Fault::KillAll => {
@@ -206,6 +208,7 @@ impl Rig {
                 for id in 1..=NODES {
                     self.cluster.spawn(id);
                 }
+                self.cluster.wait_ready().await;
                 format!("every node killed, all restarted after 1 s (node {leader} led)")
             }
             Fault::Pause => {
@@ -251,6 +254,7 @@ impl Rig {
                 self.cluster.kill(follower);
                 self.cluster.nodes.get_mut(&follower).unwrap().env = self.disk_env[&follower].clone();
                 self.cluster.spawn(follower);
+                self.cluster.wait_ready().await;
                 format!("node {follower} (follower) ran 30 s ahead for 6 s")
             }
         }
