@@ -150,19 +150,12 @@ impl Node {
         let clocks = PeerClocks::new(config.max_clock_offset);
         let mut identity = PeerIdentity::new(config.id, storage.incarnation.clone(), storage.reader.clone());
         if let Some(backup_names) = &storage.restoring {
-            if config.restored {
-                tracing::warn!(
-                    incarnation = identity.incarnation,
-                    ?backup_names,
-                    "started on a restored backup: this storage is new, and the cluster will be named anew by its first leader"
-                );
+            let what = if config.restored {
+                "started on a restored backup: this storage is new, and the cluster will be named anew by its first leader"
             } else {
-                tracing::warn!(
-                    incarnation = identity.incarnation,
-                    ?backup_names,
-                    "the restore begun here has not ended: waiting for the cluster's first leader to name it anew"
-                );
-            }
+                "the restore begun here has not ended: waiting for the cluster's first leader to name it anew"
+            };
+            tracing::warn!(incarnation = identity.incarnation, ?backup_names, "{what}");
             identity = identity.restored(backup_names.clone());
         }
         let checks = PeerChecks { me: config.id, clocks: clocks.clone(), identity: Some(identity.clone()) };

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::disk::FaultyDisks;
 use common::{metric, Cluster, Refused, DEADLINE};
 use statestore_node::server::EXIT_STORAGE_FAILED;
 use statestore_protocol::Response;
@@ -415,25 +416,6 @@ async fn a_paused_leader_is_replaced_and_follows_once_resumed() {
     assert_eq!(read.response, Response::Value(b"v".to_vec()));
 }
 
-/// Where the files are that stall or fail a node's `fsync`s while they exist (`common::disk`).
-struct FaultyDisks {
-    dir: std::path::PathBuf,
-}
-
-impl FaultyDisks {
-    fn stall(&self, id: u64) -> std::path::PathBuf {
-        self.dir.join(format!("stall-{id}"))
-    }
-
-    fn fail(&self, id: u64) -> std::path::PathBuf {
-        self.dir.join(format!("fail-{id}"))
-    }
-
-    fn full(&self, id: u64) -> std::path::PathBuf {
-        self.dir.join(format!("full-{id}"))
-    }
-}
-
 /// Three nodes whose `fsync`s can be stalled or made to fail and whose disks can fill up
 /// (`FaultyDisks`), started, with a leader and every member enrolled.
 async fn with_faulty_disks(args: &[&str]) -> (Cluster, FaultyDisks, u64) {
@@ -442,13 +424,7 @@ async fn with_faulty_disks(args: &[&str]) -> (Cluster, FaultyDisks, u64) {
     let disks = FaultyDisks { dir: cluster.dir.path().to_path_buf() };
     for id in 1..=3 {
         let node = cluster.nodes.get_mut(&id).unwrap();
-        let faults = common::disk::DiskFaults {
-            stall: &disks.stall(id),
-            fail: &disks.fail(id),
-            full: &disks.full(id),
-            data_dir: &node.data_dir,
-        };
-        node.env = common::disk::faulty_disk_env(&library, &faults);
+        node.env = disks.env(&library, id, &node.data_dir);
     }
     for id in 1..=3 {
         cluster.spawn(id);

@@ -209,3 +209,29 @@ pub fn faulty_disk_env(library: &Path, faults: &DiskFaults) -> Vec<(String, Stri
         ("STATESTORE_TEST_DATA_DIR".into(), format!("{}/", data_dir.display())),
     ]
 }
+
+/// Where the files are that stall or fail a node's `fsync`s, or fill its disk, while they exist.
+pub struct FaultyDisks {
+    pub dir: PathBuf,
+}
+
+impl FaultyDisks {
+    pub fn stall(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("stall-{id}"))
+    }
+
+    pub fn fail(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("fail-{id}"))
+    }
+
+    pub fn full(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("full-{id}"))
+    }
+
+    /// The environment that gives node `id`, whose data directory is `data_dir`, its faulty
+    /// disk through `library`.
+    pub fn env(&self, library: &Path, id: u64, data_dir: &Path) -> Vec<(String, String)> {
+        let faults = DiskFaults { stall: &self.stall(id), fail: &self.fail(id), full: &self.full(id), data_dir };
+        faulty_disk_env(library, &faults)
+    }
+}

@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use checker::{Answer, Call, Op, Token, Verdict};
 use common::broker::Broker;
+use common::disk::FaultyDisks;
 use common::gate::{Gate, PeerLinks};
 use common::mqtt::RawClient;
 use common::{timestamp, Cluster};
@@ -114,6 +115,8 @@ struct Rig {
     links: PeerLinks,
     /// node → the proxy it reaches the broker through.
     broker_links: BTreeMap<u64, Gate>,
+    /// The files that stall a node's `fsync`s while they exist.
+    disks: FaultyDisks,
     /// node → the environment of its faulty disk (`common::disk`), which every start keeps.
     disk_env: BTreeMap<u64, Vec<(String, String)>>,
     http: reqwest::Client,
@@ -130,15 +133,10 @@ impl Rig {
             broker_links.insert(id, Gate::start(broker.port).await);
         }
         let library = common::disk::faulty_disk_library(cluster.dir.path());
+        let disks = FaultyDisks { dir: cluster.dir.path().to_path_buf() };
         let mut disk_env = BTreeMap::new();
         for (&id, node) in cluster.nodes.iter_mut() {
-            let faults = common::disk::DiskFaults {
-                stall: &Rig::stall_file(&cluster.dir, id),
-                fail: &cluster.dir.path().join(format!("fail-{id}")),
-                full: &cluster.dir.path().join(format!("full-{id}")),
-                data_dir: &node.data_dir,
-            };
-            node.env = common::disk::faulty_disk_env(&library, &faults);
+            node.env = disks.env(&library, id, &node.data_dir);
             disk_env.insert(id, node.env.clone());
             node.args = vec![
                 "--broker".into(),
@@ -152,12 +150,7 @@ impl Rig {
         }
         cluster.wait_ready().await;
         let http = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap();
-        Rig { broker, cluster, links, broker_links, disk_env, http }
-    }
-
-    /// While this file exists, node `id`'s `fsync`s wait.
-    fn stall_file(dir: &tempfile::TempDir, id: u64) -> std::path::PathBuf {
-        dir.path().join(format!("stall-{id}"))
+        Rig { broker, cluster, links, broker_links, disks, disk_env, http }
     }
 
     /// The leader that the nodes answering within 500 ms agree on, waiting up to 30 s.
@@ -232,7 +225,7 @@ impl Rig {
                 format!("node {leader} (leader) cut off from the broker for 3 s")
             }
             Fault::Disk => {
-                let stall = Rig::stall_file(&self.cluster.dir, leader);
+                let stall = self.disks.stall(leader);
                 std::fs::File::create(&stall).unwrap();
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 std::fs::remove_file(&stall).unwrap();
