@@ -160,20 +160,60 @@ async fn a_node_killed_after_purging_its_log_comes_back_with_every_write() {
 /// it starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_stopped_cleanly_leaves_its_applied_state_on_disk() {
-    use openraft::storage::{RaftLogStorage, RaftStateMachine};
     let mut cluster = Cluster::start(1, &[]).await;
     write_all(&cluster, 1, 0..300, "v").await;
     let applied = cluster.status(1).await.unwrap()["applied_index"].as_u64().unwrap();
     assert!(cluster.terminate(1).success());
+    let (on_disk, committed) = applied_on_disk(&cluster.nodes[&1].data_dir).await;
+    // A housekeeping entry committed in the node's last moments may be left to apply at start;
+    // every write acknowledged before the stop is on disk.
+    assert!(on_disk >= applied, "applied {applied} before the stop, {on_disk} on disk (committed {committed})");
+}
+
+/// What a node opened on `data_dir` holds: (the log index its state-machine tables are at on
+/// disk, the committed index its log records).
+async fn applied_on_disk(data_dir: &std::path::Path) -> (u64, u64) {
+    use openraft::storage::{RaftLogStorage, RaftStateMachine};
     let metrics = statestore_raft::StorageMetrics::register(&prometheus::Registry::new()).unwrap();
-    let data_dir = &cluster.nodes[&1].data_dir;
     let mut storage =
         statestore_raft::open(data_dir, statestore_statemachine::Config::default(), metrics, false).unwrap();
     let on_disk = storage.state.applied_state().await.unwrap().0.map_or(0, |id| id.index);
     let committed = storage.log.read_committed().await.unwrap().map_or(0, |id| id.index);
-    // A housekeeping entry committed in the node's last moments may be left to apply at start;
-    // every write acknowledged before the stop is on disk.
-    assert!(on_disk >= applied, "applied {applied} before the stop, {on_disk} on disk (committed {committed})");
+    (on_disk, committed)
+}
+
+/// The applied state reaches the disk every `--flush-after-operations` operations, not only when
+/// 64 MiB of memtables fill up or a snapshot is built: a node killed with `kill -9` after many
+/// small writes applies only the last few of them again when it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_after_many_writes_applies_few_again() {
+    const FLUSH_AFTER: u64 = 500;
+    const WRITES: usize = 10_000;
+    // No snapshot (a snapshot build flushes too).
+    let after = FLUSH_AFTER.to_string();
+    let args = ["--snapshot-every", "1000000", "--flush-after-operations", after.as_str()];
+    let mut cluster = Cluster::start(1, &args).await;
+    write_all(&cluster, 1, 0..WRITES, "v").await;
+    let applied = cluster.status(1).await.unwrap()["applied_index"].as_u64().unwrap();
+    // Past the policy's next look (every 200 ms) and any flush it began.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.kill(1);
+    let (on_disk, committed) = applied_on_disk(&cluster.nodes[&1].data_dir).await;
+    eprintln!("applied {applied} (committed {committed}), {on_disk} on disk after kill -9");
+    // Each log entry holds at least one operation, and fewer than FLUSH_AFTER are not on disk.
+    assert!(
+        on_disk + FLUSH_AFTER > applied,
+        "applied {applied} before kill -9, the tables on disk at {on_disk}: more than {FLUSH_AFTER} operations to apply again"
+    );
+    let started = Instant::now();
+    cluster.spawn(1);
+    cluster.wait_ready().await;
+    eprintln!("ready {:?} after its start", started.elapsed());
+    for i in (0..WRITES).step_by(97) {
+        let key = format!("key-{i}");
+        let read = cluster.get(1, &key).await.unwrap();
+        assert_eq!(read.response, Response::Value(b"v".to_vec()), "{key}\n{}", cluster.logs());
+    }
 }
 
 /// `kill -9` the leader: a new one is elected and writes resume. Prints the time from the kill

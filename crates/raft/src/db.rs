@@ -175,21 +175,47 @@ pub fn flush_all(db: &DB) -> Result<(), rocksdb::Error> {
     db.flush_cfs_opt(&handles, &options)
 }
 
-/// The last log index whose apply is on disk in the state-machine tables (their writes skip the
-/// WAL, so an applied batch is on disk only once a flush wrote it). The log is purged only up to
-/// here: after a crash the tables are back at this index or later, and the log entries after it
-/// are applied again.
+/// How far the applied state is on disk in the state-machine tables (their writes skip the WAL,
+/// so an applied batch is on disk only once a flush wrote it): the last log index a flush wrote,
+/// and how many operations were applied since. The log is purged only up to that index: after a
+/// crash the tables are back at it or later, and the log entries after it are applied again, so
+/// the operations applied since it are what a node killed now would apply again when it starts.
 #[derive(Debug, Default)]
-pub struct AppliedOnDisk(AtomicU64);
+pub struct AppliedOnDisk {
+    index: AtomicU64,
+    /// Operations applied since the database opened.
+    applied: AtomicU64,
+    /// Of those, the ones applied before the last flush began.
+    flushed: AtomicU64,
+}
 
 impl AppliedOnDisk {
     pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Acquire)
+        self.index.load(Ordering::Acquire)
     }
 
-    /// Records that everything applied up to `index` is on disk.
-    pub fn reached(&self, index: u64) {
-        self.0.fetch_max(index, Ordering::AcqRel);
+    /// Counts `operations` applied (each request or housekeeping operation of a log entry, and
+    /// each entry without any).
+    pub fn count_applied(&self, operations: u64) {
+        self.applied.fetch_add(operations, Ordering::AcqRel);
+    }
+
+    /// Operations applied so far, for [`AppliedOnDisk::reached`] once a flush that begins now
+    /// has written them.
+    pub fn applied_operations(&self) -> u64 {
+        self.applied.load(Ordering::Acquire)
+    }
+
+    /// Operations applied and not yet on disk.
+    pub fn unflushed_operations(&self) -> u64 {
+        self.applied_operations().saturating_sub(self.flushed.load(Ordering::Acquire))
+    }
+
+    /// Records that everything applied up to log index `index`, `operations` operations in all
+    /// ([`AppliedOnDisk::applied_operations`]), is on disk.
+    pub fn reached(&self, index: u64, operations: u64) {
+        self.index.fetch_max(index, Ordering::AcqRel);
+        self.flushed.fetch_max(operations, Ordering::AcqRel);
     }
 }
 

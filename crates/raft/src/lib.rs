@@ -231,7 +231,7 @@ pub fn open(
     let state_error = |detail: String| OpenError::State { path: db_path.display().to_string(), detail };
     // What a database holds when it opens is on disk (the WAL it recovered from included).
     let applied = state_store::applied_index(&db).map_err(|e| state_error(e.to_string()))?;
-    shared.applied_on_disk.reached(applied);
+    shared.applied_on_disk.reached(applied, 0);
     let clock =
         statestore_statemachine::meta::clock(&db::Tables { db: &db }).map_err(|e| state_error(e.to_string()))?;
     shared.dedup_horizon.advance(clock);
@@ -252,6 +252,17 @@ pub fn open(
         shared.applied_on_disk.clone(),
         shared.fsync.clone(),
     )?;
+    let committed_before = log.reader().committed_index().map_err(|e| state_error(e.to_string()))?;
+    if committed_before > applied {
+        // openraft applies them as it starts, before this node serves anything.
+        tracing::info!(
+            on_disk = applied,
+            committed = committed_before,
+            "the state-machine tables on disk are behind the log (the node stopped without writing them); \
+             applying {} entries again",
+            committed_before - applied
+        );
+    }
     let reader = StateReader {
         db: db.clone(),
         machine: machine.clone(),
@@ -417,6 +428,12 @@ impl StateReader {
     /// index written up to. Blocking: run it off the async threads.
     pub fn flush_applied(&self) -> Result<u64, types::RaftStorageError> {
         state_store::flush_applied(&self.db, &self.applied_on_disk)
+    }
+
+    /// Operations applied (requests, housekeeping, entries without either) that are not on disk
+    /// yet: what this node would apply again from its log if it were killed now.
+    pub fn unflushed_operations(&self) -> u64 {
+        self.applied_on_disk.unflushed_operations()
     }
 
     /// Writes every key of one consistent view of the applied state to `out` as a backup

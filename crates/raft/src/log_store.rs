@@ -148,6 +148,13 @@ impl LogReader {
     }
 
     /// The id of the last entry in the log, or of the last one purged when the log is empty.
+    /// The committed log index recorded last (0 before any; recorded without a sync, so a crash
+    /// may leave an earlier one).
+    pub(crate) fn committed_index(&self) -> Result<u64, RaftStorageError> {
+        let committed: Option<Option<LogId>> = self.meta(COMMITTED)?;
+        Ok(committed.flatten().map_or(0, |id| id.index))
+    }
+
     pub fn last_log_id(&self) -> Result<Option<LogId>, RaftStorageError> {
         let last_purged: Option<LogId> = self.meta(LAST_PURGED)?;
         Ok(self.last_entry_id()?.or(last_purged))

@@ -131,8 +131,13 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         let mut membership = None;
         let mut with_requests = Vec::new();
         let mut identity_changed = false;
+        let mut operations = 0;
         for entry in entries {
             last_applied = Some(entry.log_id);
+            operations += match &entry.payload {
+                EntryPayload::Normal(proposal) => proposal.entries.len().max(1) as u64,
+                EntryPayload::Blank | EntryPayload::Membership(_) => 1,
+            };
             let applied = match entry.payload {
                 EntryPayload::Blank => Vec::new(),
                 EntryPayload::Normal(proposal) => {
@@ -179,6 +184,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         // Not written to the WAL: what it holds is in the log, applied again after a crash from
         // the last batch a flush wrote (see `db`).
         self.db.write_opt(batch, &db::unlogged()).map_err(write_error)?;
+        self.shared.applied_on_disk.count_applied(operations);
         if identity_changed {
             self.shared.identity.changed();
         }
@@ -248,7 +254,8 @@ impl RaftStateMachine<TypeConfig> for StateStore {
             shared.identity.changed();
             installed?;
             // Ingested table files and synced batches: on disk as installed.
-            shared.applied_on_disk.reached(snapshot_meta.last_log_id.map_or(0, |id| id.index));
+            let operations = shared.applied_on_disk.applied_operations();
+            shared.applied_on_disk.reached(snapshot_meta.last_log_id.map_or(0, |id| id.index), operations);
             shared.dedup_horizon.advance(meta::clock(&Tables { db: &db }).map_err(read_error)?);
             Ok(())
         })
@@ -486,8 +493,9 @@ pub(crate) fn applied_index(db: &DB) -> Result<u64, RaftStorageError> {
 /// how far that is in `on_disk`; returns that index.
 pub(crate) fn flush_applied(db: &DB, on_disk: &AppliedOnDisk) -> Result<u64, RaftStorageError> {
     let applied = applied_index(db)?;
+    let operations = on_disk.applied_operations();
     db::flush_all(db).map_err(write_error)?;
-    on_disk.reached(applied);
+    on_disk.reached(applied, operations);
     Ok(applied)
 }
 
