@@ -94,9 +94,13 @@ pub struct Args {
     /// Default 67108864 (64 MiB).
     #[arg(long, env = "STATESTORE_SNAPSHOT_LOG_BYTES")]
     pub snapshot_log_bytes: Option<u64>,
-    /// Write the applied state to disk once this many operations (requests and housekeeping) were
-    /// applied since it last was: at most what a node killed applies again from its log when it
-    /// starts. Default 20000.
+    /// Write the applied state to disk once this many log entries were applied since it last
+    /// was (or `--flush-after-operations` operations): at most what a node killed applies again
+    /// from its log when it starts. Default 2000.
+    #[arg(long, env = "STATESTORE_FLUSH_AFTER_ENTRIES")]
+    pub flush_after_entries: Option<u64>,
+    /// Write the applied state to disk once this many operations (requests and housekeeping)
+    /// were applied since it last was (or `--flush-after-entries` entries). Default 20000.
     #[arg(long, env = "STATESTORE_FLUSH_AFTER_OPERATIONS")]
     pub flush_after_operations: Option<u64>,
     /// Entries kept in the log below the latest snapshot, for slightly lagging followers. Default 1000.
@@ -221,8 +225,8 @@ pub struct NodeConfig {
     pub snapshot_every: u64,
     /// Log bytes since the last snapshot that trigger the next.
     pub snapshot_log_bytes: u64,
-    /// Applied operations not yet on disk that trigger a flush.
-    pub flush_after_operations: u64,
+    /// Applied entries or operations not yet on disk that trigger a flush.
+    pub flush_after: FlushAfter,
     pub logs_kept: u64,
     /// Most `/v1/command` requests served at once.
     pub max_http_commands: usize,
@@ -259,6 +263,7 @@ pub struct BrokerConfig {
 pub use statestore_api::secret::ClusterSecret;
 
 use crate::access::KeyAccess;
+pub use crate::state_flush::FlushAfter;
 
 /// The files of a node's TLS identity; every node of a cluster trusts the same CA.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -327,8 +332,8 @@ pub const DEFAULT_LOG_FILTER: &str = "warn,statestore=info";
 /// The default of `--snapshot-log-bytes`.
 pub const DEFAULT_SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
 
-/// The default of `--flush-after-operations`.
-pub const DEFAULT_FLUSH_AFTER_OPERATIONS: u64 = 20_000;
+/// The defaults of `--flush-after-entries` and `--flush-after-operations`.
+pub const DEFAULT_FLUSH_AFTER: FlushAfter = FlushAfter { entries: 2_000, operations: 20_000 };
 
 impl NodeConfig {
     pub fn from_args(args: Args) -> Result<NodeConfig, ConfigError> {
@@ -392,7 +397,10 @@ impl NodeConfig {
             election_max: Duration::from_millis(args.election_max_ms.unwrap_or(300)),
             snapshot_every: args.snapshot_every.unwrap_or(10_000),
             snapshot_log_bytes: args.snapshot_log_bytes.unwrap_or(DEFAULT_SNAPSHOT_LOG_BYTES),
-            flush_after_operations: args.flush_after_operations.unwrap_or(DEFAULT_FLUSH_AFTER_OPERATIONS),
+            flush_after: FlushAfter {
+                entries: args.flush_after_entries.unwrap_or(DEFAULT_FLUSH_AFTER.entries),
+                operations: args.flush_after_operations.unwrap_or(DEFAULT_FLUSH_AFTER.operations),
+            },
             logs_kept: args.logs_kept.unwrap_or(1_000),
             max_http_commands: args.max_http_commands.unwrap_or(1024).max(1),
             worker_threads: match args.worker_threads {
@@ -428,8 +436,8 @@ impl NodeConfig {
         if self.snapshot_log_bytes == 0 {
             return timings("--snapshot-log-bytes must be positive");
         }
-        if self.flush_after_operations == 0 {
-            return timings("--flush-after-operations must be positive");
+        if self.flush_after.entries == 0 || self.flush_after.operations == 0 {
+            return timings("--flush-after-entries and --flush-after-operations must be positive");
         }
         Ok(())
     }

@@ -26,8 +26,9 @@
 //! - [`mqtt`]: the MQTT5 front end — an adapter from the broker to the pipeline: the state
 //!   store protocol, the follower shadow, and the notification sink.
 //! - [`server`]: runs a node until SIGTERM or SIGINT.
-//! - `state_flush`: writes the applied state to disk once `--flush-after-operations` operations
-//!   are not, so a node killed applies little of its log again when it starts.
+//! - [`state_flush`]: writes the applied state to disk once `--flush-after-entries` entries or
+//!   `--flush-after-operations` operations are not, so a node killed applies little of its log
+//!   again when it starts.
 
 pub mod access;
 mod broker_watch;
@@ -44,7 +45,7 @@ pub mod mqtt;
 pub mod node;
 pub mod pipeline;
 pub mod server;
-mod state_flush;
+pub mod state_flush;
 
 pub use config::{Args, NodeConfig};
 pub use node::{ExecuteError, Node, ReadConsistency};

@@ -230,7 +230,7 @@ impl Node {
             node.snapshot_wanted.clone(),
             SnapshotThresholds::for_node(config.id, config.snapshot_every, config.snapshot_log_bytes),
         ));
-        node.spawn_duty(crate::state_flush::flush_applied_state(node.reader.clone(), config.flush_after_operations));
+        node.spawn_duty(crate::state_flush::flush_applied_state(node.reader.clone(), config.flush_after));
         node.bootstrap(&config.initial_members, &config.peer_routes).await?;
         node.duties.lock().unwrap().push(elector.start().abort_handle());
         Ok(node)

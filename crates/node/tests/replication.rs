@@ -182,16 +182,13 @@ async fn applied_on_disk(data_dir: &std::path::Path) -> (u64, u64) {
     (on_disk, committed)
 }
 
-/// The applied state reaches the disk every `--flush-after-operations` operations, not only when
-/// 64 MiB of memtables fill up or a snapshot is built: a node killed with `kill -9` after many
-/// small writes applies only the last few of them again when it starts.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_killed_after_many_writes_applies_few_again() {
-    const FLUSH_AFTER: u64 = 500;
+/// Writes 10,000 small SETs, 16 at a time, to a one-node cluster started with `flags` and no
+/// snapshot (a snapshot build flushes too), kills it with `kill -9`, and checks that its tables
+/// on disk are fewer than `bound` log entries behind what it had applied; then that it comes
+/// back with every write.
+async fn killed_after_many_writes(flags: &[&str], bound: u64) {
     const WRITES: usize = 10_000;
-    // No snapshot (a snapshot build flushes too).
-    let after = FLUSH_AFTER.to_string();
-    let args = ["--snapshot-every", "1000000", "--flush-after-operations", after.as_str()];
+    let args: Vec<&str> = ["--snapshot-every", "1000000"].iter().chain(flags).copied().collect();
     let mut cluster = Cluster::start(1, &args).await;
     write_all(&cluster, 1, 0..WRITES, "v").await;
     let applied = cluster.status(1).await.unwrap()["applied_index"].as_u64().unwrap();
@@ -199,11 +196,10 @@ async fn a_node_killed_after_many_writes_applies_few_again() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     cluster.kill(1);
     let (on_disk, committed) = applied_on_disk(&cluster.nodes[&1].data_dir).await;
-    eprintln!("applied {applied} (committed {committed}), {on_disk} on disk after kill -9");
-    // Each log entry holds at least one operation, and fewer than FLUSH_AFTER are not on disk.
+    eprintln!("{flags:?}: applied {applied} (committed {committed}), {on_disk} on disk after kill -9");
     assert!(
-        on_disk + FLUSH_AFTER > applied,
-        "applied {applied} before kill -9, the tables on disk at {on_disk}: more than {FLUSH_AFTER} operations to apply again"
+        on_disk + bound > applied,
+        "{flags:?}: applied {applied} before kill -9, the tables on disk at {on_disk}: {bound} entries or more to apply again"
     );
     let started = Instant::now();
     cluster.spawn(1);
@@ -214,6 +210,21 @@ async fn a_node_killed_after_many_writes_applies_few_again() {
         let read = cluster.get(1, &key).await.unwrap();
         assert_eq!(read.response, Response::Value(b"v".to_vec()), "{key}\n{}", cluster.logs());
     }
+}
+
+/// The applied state reaches the disk every `--flush-after-entries` log entries, not only when
+/// 64 MiB of memtables fill up or a snapshot is built: a node killed with `kill -9` after many
+/// small writes applies only the last few entries again when it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_after_many_entries_applies_few_again() {
+    killed_after_many_writes(&["--flush-after-entries", "500", "--flush-after-operations", "1000000000"], 500).await;
+}
+
+/// The same bound in operations: entries of several requests each reach the flush sooner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_after_many_operations_applies_few_again() {
+    // Each entry holds at least one operation, so fewer than 1,000 entries are not on disk.
+    killed_after_many_writes(&["--flush-after-entries", "1000000000", "--flush-after-operations", "1000"], 1_000).await;
 }
 
 /// `kill -9` the leader: a new one is elected and writes resume. Prints the time from the kill

@@ -177,16 +177,27 @@ pub fn flush_all(db: &DB) -> Result<(), rocksdb::Error> {
 
 /// How far the applied state is on disk in the state-machine tables (their writes skip the WAL,
 /// so an applied batch is on disk only once a flush wrote it): the last log index a flush wrote,
-/// and how many operations were applied since. The log is purged only up to that index: after a
-/// crash the tables are back at it or later, and the log entries after it are applied again, so
-/// the operations applied since it are what a node killed now would apply again when it starts.
+/// and how many log entries and operations were applied since. The log is purged only up to
+/// that index: after a crash the tables are back at it or later, and the log entries after it
+/// are applied again, so what was applied since is what a node killed now would apply again
+/// when it starts.
 #[derive(Debug, Default)]
 pub struct AppliedOnDisk {
+    /// The last log index on disk.
     index: AtomicU64,
+    /// The last log index applied.
+    applied_index: AtomicU64,
     /// Operations applied since the database opened.
     applied: AtomicU64,
     /// Of those, the ones applied before the last flush began.
     flushed: AtomicU64,
+}
+
+/// What is applied and not yet on disk ([`AppliedOnDisk::unflushed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unflushed {
+    pub entries: u64,
+    pub operations: u64,
 }
 
 impl AppliedOnDisk {
@@ -194,10 +205,11 @@ impl AppliedOnDisk {
         self.index.load(Ordering::Acquire)
     }
 
-    /// Counts `operations` applied (each request or housekeeping operation of a log entry, and
-    /// each entry without any).
-    pub fn count_applied(&self, operations: u64) {
+    /// Counts an apply up to log index `index` of `operations` operations (each request or
+    /// housekeeping operation of a log entry, and each entry without any).
+    pub fn count_applied(&self, index: u64, operations: u64) {
         self.applied.fetch_add(operations, Ordering::AcqRel);
+        self.applied_index.fetch_max(index, Ordering::AcqRel);
     }
 
     /// Operations applied so far, for [`AppliedOnDisk::reached`] once a flush that begins now
@@ -206,15 +218,19 @@ impl AppliedOnDisk {
         self.applied.load(Ordering::Acquire)
     }
 
-    /// Operations applied and not yet on disk.
-    pub fn unflushed_operations(&self) -> u64 {
-        self.applied_operations().saturating_sub(self.flushed.load(Ordering::Acquire))
+    /// What is applied and not yet on disk.
+    pub fn unflushed(&self) -> Unflushed {
+        Unflushed {
+            entries: self.applied_index.load(Ordering::Acquire).saturating_sub(self.get()),
+            operations: self.applied_operations().saturating_sub(self.flushed.load(Ordering::Acquire)),
+        }
     }
 
     /// Records that everything applied up to log index `index`, `operations` operations in all
     /// ([`AppliedOnDisk::applied_operations`]), is on disk.
     pub fn reached(&self, index: u64, operations: u64) {
         self.index.fetch_max(index, Ordering::AcqRel);
+        self.applied_index.fetch_max(index, Ordering::AcqRel);
         self.flushed.fetch_max(operations, Ordering::AcqRel);
     }
 }

@@ -430,10 +430,10 @@ impl StateReader {
         state_store::flush_applied(&self.db, &self.applied_on_disk)
     }
 
-    /// Operations applied (requests, housekeeping, entries without either) that are not on disk
-    /// yet: what this node would apply again from its log if it were killed now.
-    pub fn unflushed_operations(&self) -> u64 {
-        self.applied_on_disk.unflushed_operations()
+    /// The log entries and operations (requests, housekeeping, entries without either) applied
+    /// and not yet on disk: what this node would apply again from its log if it were killed now.
+    pub fn unflushed(&self) -> db::Unflushed {
+        self.applied_on_disk.unflushed()
     }
 
     /// Writes every key of one consistent view of the applied state to `out` as a backup

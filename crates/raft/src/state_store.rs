@@ -184,7 +184,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         // Not written to the WAL: what it holds is in the log, applied again after a crash from
         // the last batch a flush wrote (see `db`).
         self.db.write_opt(batch, &db::unlogged()).map_err(write_error)?;
-        self.shared.applied_on_disk.count_applied(operations);
+        self.shared.applied_on_disk.count_applied(last_applied.map_or(0, |id| id.index), operations);
         if identity_changed {
             self.shared.identity.changed();
         }
@@ -822,6 +822,23 @@ mod tests {
         assert_eq!(applied_index_of(&mut crashed).await, 2, "the last flushed batch");
         assert_eq!(value_of(&crashed, "b"), Some(b"v".to_vec()));
         assert_eq!(value_of(&crashed, "c"), None, "the batch after the flush is applied again from the log");
+    }
+
+    /// What is applied and not on disk is counted in log entries and in operations (a request
+    /// each; an entry without any counts one), and a flush brings both back to zero.
+    #[tokio::test]
+    async fn unflushed_entries_and_operations_are_counted_until_a_flush() {
+        use crate::db::Unflushed;
+        let dir = tempfile::tempdir().unwrap();
+        let mut node = open(dir.path());
+        let three = proposed(1, vec![set("a", 1), set("b", 2), set("c", 3)]);
+        let blank = LogEntry { log_id: LogId::new(CommittedLeaderId::new(1, 1), 2), payload: EntryPayload::Blank };
+        node.state.apply([three, blank]).await.unwrap();
+        assert_eq!(node.reader.unflushed(), Unflushed { entries: 2, operations: 4 });
+        assert_eq!(node.reader.flush_applied().unwrap(), 2);
+        assert_eq!(node.reader.unflushed(), Unflushed { entries: 0, operations: 0 });
+        node.state.apply([proposed(3, vec![set("d", 4)])]).await.unwrap();
+        assert_eq!(node.reader.unflushed(), Unflushed { entries: 1, operations: 1 });
     }
 
     /// A purge of log entries whose apply is not on disk yet flushes first: after a crash the

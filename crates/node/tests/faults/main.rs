@@ -27,7 +27,8 @@
 //! each fault is reported.
 //!
 //! `cargo test --release -p statestore-node --test faults` runs the short mode (150 s);
-//! `FAULTS_SECS=1800` runs the long one; `FAULTS_KINDS=pause,kill` picks the faults.
+//! `FAULTS_SECS=1800` runs the long one; `FAULTS_KINDS=pause,kill` picks the faults;
+//! `FAULTS_KEEP_LOGS=DIR` keeps every node's log there.
 
 mod checker;
 #[path = "../common/mod.rs"]
@@ -463,6 +464,18 @@ fn longest_silence(answers: &[u64], from: u64, to: u64) -> u64 {
     longest.max(to - last) / 1000
 }
 
+/// A fault cycle this long without any answer is named in the report.
+const LONG_GAP_MS: u64 = 2_000;
+
+/// Copies every node's log (all its runs) into `dir`, as `node-<id>.log`.
+fn keep_logs(cluster: &Cluster, dir: &std::path::Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    for node in cluster.nodes.values() {
+        std::fs::copy(&node.log, dir.join(format!("node-{}.log", node.id))).unwrap();
+    }
+    println!("node logs kept in {}", dir.display());
+}
+
 fn median(values: &mut [u64]) -> u64 {
     values.sort_unstable();
     values.get(values.len() / 2).copied().unwrap_or(0)
@@ -573,9 +586,14 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
         records.iter().filter_map(|r| r.op.returned.filter(|_| r.op.answer.is_some())).collect();
     answers.sort_unstable();
     let mut gaps: BTreeMap<Fault, Vec<u64>> = BTreeMap::new();
+    let mut long_gaps = Vec::new();
     for (i, (fault, from, _)) in faults.iter().enumerate() {
         let until = faults.get(i + 1).map_or(ended, |next| next.1);
-        gaps.entry(*fault).or_default().push(longest_silence(&answers, *from, until));
+        let gap = longest_silence(&answers, *from, until);
+        if gap >= LONG_GAP_MS {
+            long_gaps.push(format!("{:.1} s {} ({gap} ms)", *from as f64 / 1e6, fault.name()));
+        }
+        gaps.entry(*fault).or_default().push(gap);
     }
     let answered = records.iter().filter(|r| r.op.answer.is_some()).count();
     let unanswered = records.len() - answered;
@@ -592,6 +610,12 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
     for (fault, values) in &mut gaps {
         let max = values.iter().copied().max().unwrap_or(0);
         println!("{:<18} {:>6} {:>22} {:>18}", fault.name(), values.len(), median(values), max);
+    }
+    if !long_gaps.is_empty() {
+        println!("{LONG_GAP_MS} ms or more without an answer after: {}", long_gaps.join(", "));
+    }
+    if let Ok(dir) = std::env::var("FAULTS_KEEP_LOGS") {
+        keep_logs(&rig.cluster, std::path::Path::new(&dir));
     }
     println!(
         "anomalies (lost acknowledged writes and notifications included): {} (checked in {:.1} s)",
