@@ -147,7 +147,6 @@ impl LogReader {
         read_meta(&self.db, key)
     }
 
-    /// The id of the last entry in the log, or of the last one purged when the log is empty.
     /// The committed log index recorded last (0 before any; recorded without a sync, so a crash
     /// may leave an earlier one).
     pub(crate) fn committed_index(&self) -> Result<u64, RaftStorageError> {
@@ -155,6 +154,7 @@ impl LogReader {
         Ok(committed.flatten().map_or(0, |id| id.index))
     }
 
+    /// The id of the last entry in the log, or of the last one purged when the log is empty.
     pub fn last_log_id(&self) -> Result<Option<LogId>, RaftStorageError> {
         let last_purged: Option<LogId> = self.meta(LAST_PURGED)?;
         Ok(self.last_entry_id()?.or(last_purged))
