@@ -134,10 +134,6 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         let mut operations = 0;
         for entry in entries {
             last_applied = Some(entry.log_id);
-            operations += match &entry.payload {
-                EntryPayload::Normal(proposal) => proposal.entries.len().max(1) as u64,
-                EntryPayload::Blank | EntryPayload::Membership(_) => 1,
-            };
             let applied = match entry.payload {
                 EntryPayload::Blank => Vec::new(),
                 EntryPayload::Normal(proposal) => {
@@ -168,6 +164,8 @@ impl RaftStateMachine<TypeConfig> for StateStore {
                     Vec::new()
                 }
             };
+            // One result per operation of the entry; an entry without any counts one.
+            operations += applied.len().max(1) as u64;
             results.push(ApplyResult { applied });
         }
         if last_applied.is_none() {
