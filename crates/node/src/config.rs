@@ -620,6 +620,11 @@ mod tests {
         assert_eq!(NodeConfig::from_args(args(&["--id", "0"])).unwrap_err(), ConfigError::ZeroId);
         let timings = NodeConfig::from_args(args(&["--id", "1", "--election-min-ms", "90"])).unwrap_err();
         assert!(matches!(timings, ConfigError::Timings(_)));
+        for flag in ["--snapshot-every", "--snapshot-log-bytes", "--flush-after-entries", "--flush-after-operations"] {
+            let zero = NodeConfig::from_args(args(&["--id", "1", flag, "0"])).unwrap_err();
+            assert!(matches!(zero, ConfigError::Timings(_)), "{flag} 0: {zero}");
+            assert!(zero.to_string().contains(flag), "{flag} 0 names the flag: {zero}");
+        }
         let elsewhere =
             NodeConfig::from_args(args(&["--id", "1", "--initial-members", "1=http://10.0.0.9:7400"])).unwrap_err();
         assert!(matches!(elsewhere, ConfigError::InitialMembers(_)));

@@ -10,6 +10,8 @@ use prometheus::{
     TextEncoder,
 };
 
+use statestore_raft::StateReader;
+
 use crate::node::{ExecuteError, Node};
 
 #[derive(Clone)]
@@ -26,6 +28,8 @@ pub struct Metrics {
     purged_index: IntGauge,
     voters: IntGauge,
     learners: IntGauge,
+    unflushed_entries: IntGauge,
+    unflushed_operations: IntGauge,
     proposals: IntCounterVec,
     proposal_seconds: Histogram,
     batch_entries: Histogram,
@@ -92,6 +96,16 @@ impl Metrics {
             purged_index: gauge(&registry, "statestore_raft_purged_index", "Last index purged from the log")?,
             voters: gauge(&registry, "statestore_raft_voters", "Voters in the membership this node knows")?,
             learners: gauge(&registry, "statestore_raft_learners", "Learners in the membership this node knows")?,
+            unflushed_entries: gauge(
+                &registry,
+                "statestore_state_unflushed_entries",
+                "Log entries applied and not yet in the tables on disk: applied again after a crash",
+            )?,
+            unflushed_operations: gauge(
+                &registry,
+                "statestore_state_unflushed_operations",
+                "Operations applied and not yet in the tables on disk: applied again after a crash",
+            )?,
             proposals,
             proposal_seconds,
             batch_entries,
@@ -158,8 +172,11 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition of every metric.
-    pub fn render(&self, committed_index: u64) -> String {
-        self.committed_index.set(committed_index as i64);
+    pub fn render(&self, reader: &StateReader) -> String {
+        self.committed_index.set(reader.committed_index() as i64);
+        let unflushed = reader.unflushed();
+        self.unflushed_entries.set(unflushed.entries as i64);
+        self.unflushed_operations.set(unflushed.operations as i64);
         let mut text = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut text).expect("text encoding does not fail");
         String::from_utf8(text).expect("the text format is UTF-8")

@@ -173,7 +173,7 @@ fn now_ms() -> u64 {
 }
 
 fn metrics(node: &Node) -> String {
-    node.metrics.render(node.reader.committed_index())
+    node.metrics.render(&node.reader)
 }
 
 fn user<'a>(outbound: &'a Outbound, name: &str) -> Option<&'a str> {

@@ -143,6 +143,38 @@ async fn a_node_whose_wal_is_lost_stops_instead_of_forgetting_its_vote() {
     assert!(logs.contains("but the vote kept in RocksDB is of term"), "{logs}");
 }
 
+/// The entries a node wrote to its Raft log may be ones a quorum counted it for. A node whose log
+/// directory is gone (deleted for a directory of text logs, a volume not mounted) stops instead of
+/// starting from what its tables hold, even after a clean stop, when they hold every entry it
+/// knew committed (it may have acknowledged later ones).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_whose_raft_log_directory_is_lost_stops() {
+    let mut cluster = Cluster::start(1, &[]).await;
+    write_keys(&cluster, KEYS).await;
+    assert!(cluster.terminate(1).success(), "a clean stop\n{}", cluster.logs());
+    std::fs::remove_dir_all(cluster.nodes[&1].data_dir.join("log")).unwrap();
+    assert_stops_as_damaged(&mut cluster, 1, "Raft log");
+    let logs = cluster.logs();
+    assert!(logs.contains("lost entries: the directory is missing"), "{logs}");
+}
+
+/// Killed with `kill -9`, the node's tables on disk are behind what it committed: those entries
+/// are only in its log. With the log's segment files gone it stops instead of starting without
+/// them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_whose_raft_log_segments_are_lost_stops() {
+    let mut cluster = written_and_killed().await;
+    let log = cluster.nodes[&1].data_dir.join("log");
+    let segments = files(&log, ".segment");
+    assert!(!segments.is_empty(), "a log segment");
+    for (segment, _) in segments {
+        std::fs::remove_file(segment).unwrap();
+    }
+    assert_stops_as_damaged(&mut cluster, 1, "Raft log");
+    let logs = cluster.logs();
+    assert!(logs.contains("lost entries: it holds no entry, but this node committed entries up to"), "{logs}");
+}
+
 /// Applies `change` to node 1's Raft log segment from the middle of what was written to the
 /// end of the file (the segment is allocated whole, so the middle of the file is zeros).
 fn change_the_raft_log_middle(cluster: &Cluster, change: impl FnOnce(&mut [u8])) {

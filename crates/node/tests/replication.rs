@@ -194,8 +194,20 @@ async fn killed_after_many_writes(flags: &[&str], bound: u64) {
     let applied = cluster.status(1).await.unwrap()["applied_index"].as_u64().unwrap();
     // Past the policy's next look (every 200 ms) and any flush it began.
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let metrics = cluster.metrics(1).await;
+    let unflushed = |name: &str| metric(&metrics, name).unwrap_or_else(|| panic!("{name} in\n{metrics}")) as u64;
+    let (unflushed_entries, unflushed_operations) =
+        (unflushed("statestore_state_unflushed_entries"), unflushed("statestore_state_unflushed_operations"));
     cluster.kill(1);
     let (on_disk, committed) = applied_on_disk(&cluster.nodes[&1].data_dir).await;
+    // Below both limits nothing flushed between the scrape and the kill: the metric said what the
+    // crash left to apply again (and more, had housekeeping applied an entry after `applied`).
+    assert!(unflushed_entries < bound, "{unflushed_entries} unflushed entries");
+    assert!(
+        on_disk + unflushed_entries >= applied,
+        "{unflushed_entries} unflushed, {on_disk} on disk, {applied} applied"
+    );
+    assert!(unflushed_operations >= unflushed_entries, "an entry holds one operation at least");
     eprintln!("{flags:?}: applied {applied} (committed {committed}), {on_disk} on disk after kill -9");
     assert!(
         on_disk + bound > applied,

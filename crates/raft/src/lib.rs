@@ -93,6 +93,13 @@ pub enum OpenError {
          are lost"
     )]
     LostVote { path: String, vote_term: u64, log_term: u64 },
+    /// Entries this node wrote to its log are gone (a directory or segment files deleted, a
+    /// volume not mounted): it may have been counted in the quorum that committed them.
+    #[error(
+        "the Raft log in {path} lost entries: {detail}; a node that forgot entries it acknowledged could \
+         let an elected leader drop acknowledged writes"
+    )]
+    LostLog { path: String, detail: String },
 }
 
 impl OpenError {
@@ -104,7 +111,7 @@ impl OpenError {
             OpenError::Snapshot { damaged, .. } => *damaged,
             OpenError::State { detail, .. } => detail.contains("checksum"),
             OpenError::Log(error) => matches!(error, log_files::LogFileError::Damaged { .. }),
-            OpenError::Wal(_) | OpenError::LostVote { .. } => true,
+            OpenError::Wal(_) | OpenError::LostVote { .. } | OpenError::LostLog { .. } => true,
             OpenError::Io { .. } => false,
         }
     }
@@ -119,7 +126,7 @@ impl OpenError {
                 is_disk_failure(source)
             }
             OpenError::State { detail, .. } | OpenError::Snapshot { detail, .. } => describes_disk_failure(detail),
-            OpenError::Log(_) | OpenError::Wal(_) | OpenError::LostVote { .. } => false,
+            OpenError::Log(_) | OpenError::Wal(_) | OpenError::LostVote { .. } | OpenError::LostLog { .. } => false,
         }
     }
 }

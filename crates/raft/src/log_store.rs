@@ -35,6 +35,9 @@ use crate::LogBytes;
 const VOTE: &[u8] = b"vote";
 const COMMITTED: &[u8] = b"committed";
 const LAST_PURGED: &[u8] = b"last_purged";
+/// Present once the log is kept in its own directory: a node whose directory is missing after
+/// that lost it.
+const LOG_IN_FILES: &[u8] = b"log_in_files";
 
 fn index_of(key: &[u8]) -> Result<u64, RaftStorageError> {
     let bytes: [u8; 8] =
@@ -150,8 +153,7 @@ impl LogReader {
     /// The committed log index recorded last (0 before any; recorded without a sync, so a crash
     /// may leave an earlier one).
     pub(crate) fn committed_index(&self) -> Result<u64, RaftStorageError> {
-        let committed: Option<Option<LogId>> = self.meta(COMMITTED)?;
-        Ok(committed.flatten().map_or(0, |id| id.index))
+        committed_in(&self.db)
     }
 
     /// The id of the last entry in the log, or of the last one purged when the log is empty.
@@ -266,13 +268,26 @@ impl LogStore {
         applied_on_disk: Arc<AppliedOnDisk>,
         fsync: Arc<FsyncWatch>,
     ) -> Result<LogStore, crate::OpenError> {
+        let state_error =
+            |e: RaftStorageError| crate::OpenError::State { path: dir.display().to_string(), detail: e.to_string() };
+        let kept_in_files = read_meta::<bool>(&db, LOG_IN_FILES).map_err(state_error)?.is_some();
+        if kept_in_files && !dir.exists() {
+            return Err(crate::OpenError::LostLog {
+                path: dir.display().to_string(),
+                detail: "the directory is missing".into(),
+            });
+        }
         let mut files = open_files(&db, dir)?;
-        let last_purged: Option<LogId> = read_meta(&db, LAST_PURGED)
-            .map_err(|e| crate::OpenError::State { path: dir.display().to_string(), detail: e.to_string() })?;
+        if !kept_in_files {
+            db.put_cf_opt(cf(&db, RAFT_META_CF), LOG_IN_FILES, encode(&true).expect("a bool encodes"), &synced())
+                .map_err(|source| crate::OpenError::Db { path: dir.display().to_string(), source })?;
+        }
+        let last_purged: Option<LogId> = read_meta(&db, LAST_PURGED).map_err(state_error)?;
         if let Some(purged) = last_purged {
             // Also deletes segments a purge that a crash interrupted left behind.
             files.purge(purged.index).map_err(crate::OpenError::Log)?;
         }
+        check_holds_unapplied(&files, applied_on_disk.get(), committed_in(&db).map_err(state_error)?, dir)?;
         let reader = LogReader { db, files: Arc::new(RwLock::new(files)), recent: Arc::default() };
         check_vote_covers_log(&reader, dir)?;
         let (flushes, pending) = mpsc::channel();
@@ -321,6 +336,33 @@ fn check_vote_covers_log(reader: &LogReader, dir: &Path) -> Result<(), crate::Op
     Ok(())
 }
 
+/// Refuses a log that does not hold every entry this node committed and had not applied to
+/// the tables on disk (`applied`): those entries exist nowhere else on this node, and a node
+/// counted in the quorum that committed them must not forget them. Entries up to `applied` may
+/// be missing (a snapshot installed just before a crash leaves its purge undone).
+fn check_holds_unapplied(files: &LogFiles, applied: u64, committed: u64, dir: &Path) -> Result<(), crate::OpenError> {
+    if committed <= applied {
+        return Ok(());
+    }
+    let held = match (files.first_index(), files.last_index()) {
+        (Some(first), Some(last)) if first <= applied + 1 && last >= committed => return Ok(()),
+        (Some(first), Some(last)) => format!("holds entries {first} to {last}"),
+        _ => "holds no entry".to_string(),
+    };
+    Err(crate::OpenError::LostLog {
+        path: dir.display().to_string(),
+        detail: format!(
+            "it {held}, but this node committed entries up to {committed} and its tables hold them up to {applied}"
+        ),
+    })
+}
+
+/// The committed log index recorded last (0 before any).
+fn committed_in(db: &DB) -> Result<u64, RaftStorageError> {
+    let committed: Option<Option<LogId>> = read_meta(db, COMMITTED)?;
+    Ok(committed.flatten().map_or(0, |id| id.index))
+}
+
 /// Opens the log's files in `dir`, moving into them the log an earlier version kept in RocksDB
 /// (deleted from there once the files hold it durably).
 fn open_files(db: &DB, dir: &Path) -> Result<LogFiles, crate::OpenError> {
@@ -358,9 +400,8 @@ fn open_files(db: &DB, dir: &Path) -> Result<LogFiles, crate::OpenError> {
             .map_err(|source| crate::OpenError::Db { path: LEGACY_LOG_CF.into(), source })?;
     }
     // A node commits only entries it has flushed: a repair must not cut below them.
-    let committed: Option<Option<LogId>> = read_meta(db, COMMITTED)
+    let committed = committed_in(db)
         .map_err(|e| crate::OpenError::State { path: dir.display().to_string(), detail: e.to_string() })?;
-    let committed = committed.flatten().map_or(0, |id| id.index);
     let (files, recovery) = LogFiles::open_holding(dir, committed).map_err(crate::OpenError::Log)?;
     if recovery.deleted_segments > 0 {
         tracing::warn!(
@@ -565,8 +606,6 @@ mod tests {
         assert_eq!(ids(recent.get(20, 21)), Some(vec![(2, 20)]));
     }
 
-    /// A data directory of a version that kept the log in RocksDB: its entries move into the
-    /// log's files when it opens, and leave RocksDB; opening again finds them in the files.
     /// A data directory of a version that kept the log in RocksDB: entries 3..=12 of term 2,
     /// purged up to 2, and a vote of `vote_term`.
     fn legacy_data_dir(vote_term: u64) -> tempfile::TempDir {
@@ -587,6 +626,8 @@ mod tests {
         crate::open(dir, statestore_statemachine::Config::default(), metrics, false)
     }
 
+    /// A data directory of a version that kept the log in RocksDB: its entries move into the
+    /// log's files when it opens, and leave RocksDB; opening again finds them in the files.
     #[tokio::test]
     async fn a_log_kept_in_rocksdb_moves_into_the_files_on_open() {
         let dir = legacy_data_dir(2);
@@ -613,6 +654,47 @@ mod tests {
         assert!(matches!(error, crate::OpenError::LostVote { vote_term: 1, log_term: 2, .. }), "{error}");
         assert!(error.is_corruption());
         assert!(error.to_string().contains("holds entries of term 2, but the vote kept in RocksDB is of term 1"));
+    }
+
+    /// Entries committed and not yet in the tables on disk must be in the log; entries the
+    /// tables already hold may be missing (a snapshot installed just before a crash).
+    #[test]
+    fn a_log_must_hold_the_committed_entries_the_tables_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut files, _) = LogFiles::open(dir.path()).unwrap();
+        let check = |files: &LogFiles, applied: u64, committed: u64| {
+            check_holds_unapplied(files, applied, committed, dir.path()).map_err(|e| e.to_string())
+        };
+        assert_eq!(check(&files, 0, 0), Ok(()), "nothing committed");
+        assert_eq!(check(&files, 9, 9), Ok(()), "the tables hold everything committed");
+        let empty = check(&files, 4, 9).unwrap_err();
+        assert!(
+            empty.contains(
+                "it holds no entry, but this node committed entries up to 9 and its tables hold them up to 4"
+            ),
+            "{empty}"
+        );
+        files.append((5..=12).map(|index| (index, b"entry".as_slice()))).unwrap();
+        assert_eq!(check(&files, 4, 9), Ok(()));
+        assert_eq!(check(&files, 4, 12), Ok(()));
+        assert_eq!(check(&files, 30, 20), Ok(()), "the tables are ahead of the log");
+        let short = check(&files, 4, 13).unwrap_err();
+        assert!(short.contains("it holds entries 5 to 12, but this node committed entries up to 13"), "{short}");
+        let late = check(&files, 3, 9).unwrap_err();
+        assert!(late.contains("its tables hold them up to 3"), "{late}");
+    }
+
+    /// The log's directory gone from a node that kept its log there: the storage does not open
+    /// (an empty log would let the node start from its tables alone).
+    #[test]
+    fn a_missing_log_directory_does_not_open() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(open_storage(dir.path()).unwrap());
+        std::fs::remove_dir_all(dir.path().join("log")).unwrap();
+        let Err(error) = open_storage(dir.path()) else { panic!("opened without its log directory") };
+        assert!(matches!(error, crate::OpenError::LostLog { .. }), "{error}");
+        assert!(error.is_corruption());
+        assert!(error.to_string().contains("lost entries: the directory is missing"), "{error}");
     }
 
     #[test]

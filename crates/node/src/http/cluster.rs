@@ -372,7 +372,7 @@ async fn leads_a_quorum(node: &Node) -> bool {
 
 /// `GET /metrics`: Prometheus text format.
 pub async fn metrics(State(node): State<Arc<Node>>) -> Response {
-    let text = node.metrics.render(node.reader.committed_index());
+    let text = node.metrics.render(&node.reader);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

@@ -1,4 +1,4 @@
-//! Linearizability of one key's history against the sequential semantics of SET (NX, PX), GET,
+//! Linearizability of one key's history against the sequential semantics of SET (NX, NEX, PX), GET,
 //! DEL and VDEL with fencing tokens (docs/protocol.md), in the manner of Wing & Gong with Lowe's
 //! memoization: a
 //! depth-first search for an order of the operations that respects real time (an operation that
@@ -27,15 +27,25 @@ pub const CLOCK_SLACK_US: u64 = 20_000;
 /// What was asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
-    /// `SET`, with `NX` when `nx`, with `PX px_ms` when given.
+    /// `SET`, with `NX` or `NEX` as `condition` says, with `PX px_ms` when given.
     Set {
         value: String,
-        nx: bool,
+        condition: Condition,
         px_ms: Option<u64>,
     },
     Get,
     Del,
     VDel(String),
+}
+
+/// When a SET applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Condition {
+    Always,
+    /// `NX`: only on an absent key.
+    NotExists,
+    /// `NEX`: on an absent key or one holding the same value (a lease renewed by its holder).
+    NotExistsOrEqual,
 }
 
 /// What the store answered: `+OK`, `:n`, a value, nil, or a fencing refusal.
@@ -91,10 +101,10 @@ pub fn step(state: &State, call: &Call, token: Option<Token>, deadline: Option<(
     }
     let set = |value: &String| State { value: Some(value.clone()), token: state.token.max(token), deadline };
     match call {
-        Call::Set { value, nx: false, .. } => (Answer::Ok, set(value)),
-        Call::Set { value, nx: true, .. } => match &state.value {
-            None => (Answer::Ok, set(value)),
-            Some(_) => (Answer::Int(-1), unchanged),
+        Call::Set { value, condition, .. } => match (condition, &state.value) {
+            (Condition::Always, _) | (_, None) => (Answer::Ok, set(value)),
+            (Condition::NotExistsOrEqual, Some(current)) if current == value => (Answer::Ok, set(value)),
+            (Condition::NotExists | Condition::NotExistsOrEqual, Some(_)) => (Answer::Int(-1), unchanged),
         },
         Call::Get => (state.value.clone().map_or(Answer::Nil, Answer::Value), unchanged),
         Call::Del => match &state.value {
@@ -311,15 +321,19 @@ mod tests {
     }
 
     fn set(v: &str) -> Call {
-        Call::Set { value: v.into(), nx: false, px_ms: None }
+        Call::Set { value: v.into(), condition: Condition::Always, px_ms: None }
     }
 
     fn set_nx(v: &str) -> Call {
-        Call::Set { value: v.into(), nx: true, px_ms: None }
+        Call::Set { value: v.into(), condition: Condition::NotExists, px_ms: None }
+    }
+
+    fn set_nex(v: &str) -> Call {
+        Call::Set { value: v.into(), condition: Condition::NotExistsOrEqual, px_ms: None }
     }
 
     fn set_px(v: &str, px_ms: u64) -> Call {
-        Call::Set { value: v.into(), nx: false, px_ms: Some(px_ms) }
+        Call::Set { value: v.into(), condition: Condition::Always, px_ms: Some(px_ms) }
     }
 
     fn value(v: &str) -> Answer {
@@ -382,6 +396,24 @@ mod tests {
         let with_delete =
             [op(0, 1, set_nx("a"), Answer::Ok), op(2, 3, Call::Del, Answer::Int(1)), op(4, 5, set_nx("b"), Answer::Ok)];
         assert_eq!(check(&with_delete, BUDGET), Verdict::Linearizable);
+    }
+
+    /// A lease: its holder renews it with the value it holds, anyone takes it once it is free.
+    #[test]
+    fn set_nex_applies_to_an_absent_key_or_the_same_value_only() {
+        let history = [
+            op(0, 1, set_nex("holder-a"), Answer::Ok),
+            op(2, 3, set_nex("holder-a"), Answer::Ok),
+            op(4, 5, set_nex("holder-b"), Answer::Int(-1)),
+            op(6, 7, Call::Get, value("holder-a")),
+            op(8, 9, Call::VDel("holder-a".into()), Answer::Int(1)),
+            op(10, 11, set_nex("holder-b"), Answer::Ok),
+        ];
+        assert_eq!(check(&history, BUDGET), Verdict::Linearizable);
+        let taken_while_held = [op(0, 1, set_nex("holder-a"), Answer::Ok), op(2, 3, set_nex("holder-b"), Answer::Ok)];
+        assert!(matches!(check(&taken_while_held, BUDGET), Verdict::NotLinearizable(_)));
+        let renewal_refused = [op(0, 1, set("holder-a"), Answer::Ok), op(2, 3, set_nex("holder-a"), Answer::Int(-1))];
+        assert!(matches!(check(&renewal_refused, BUDGET), Verdict::NotLinearizable(_)));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The fault-injection suite: three real node processes and a real Mosquitto; concurrent MQTT
-//! clients (shaped as the SDKs send) run SET, SET NX, GET, DEL and VDEL on a few keys, a quarter
+//! clients (shaped as the SDKs send) run SET, SET NX, SET NEX (a lease's holder renewing it with
+//! the value it wrote last), GET, DEL and VDEL on a few keys, a quarter
 //! of the writes with `PX` (100 ms to 3 s, so values lapse among the calls), and record every
 //! call, while faults come one after another. Half the keys are fenced: writes to them carry a
 //! fencing token (`__ft`), mostly a fresh one, sometimes a stale one or none, so the store's
@@ -38,7 +39,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use checker::{Answer, Call, Op, Token, Verdict};
+use checker::{Answer, Call, Condition, Op, Token, Verdict};
 use common::broker::Broker;
 use common::disk::FaultyDisks;
 use common::gate::{Gate, PeerLinks};
@@ -321,13 +322,15 @@ async fn check_notifications(watcher: &RawClient, records: &[Record]) -> Vec<Str
         let what = value.as_ref().map_or("a delete".to_string(), |v| format!("the SET of {v}"));
         anomalies.push(format!("lin-{key}: {what}, acknowledged with version {version}, was never notified"));
     }
+    // A lease renewal (NEX) repeats a value an earlier SET wrote: a value counts as refused only
+    // when no SET of it may have applied.
+    let may_have_applied: std::collections::HashSet<&str> =
+        records.iter().filter(|r| matches!(r.op.answer, None | Some(Answer::Ok))).filter_map(set_value).collect();
     let refused: std::collections::HashSet<&str> = records
         .iter()
         .filter(|r| r.op.answer.as_ref().is_some_and(|answer| *answer != Answer::Ok))
-        .filter_map(|r| match &r.op.call {
-            Call::Set { value, .. } => Some(value.as_str()),
-            _ => None,
-        })
+        .filter_map(set_value)
+        .filter(|value| !may_have_applied.contains(value))
         .collect();
     for (key, _, value) in &notified {
         if let Some(value) = value.as_deref().filter(|value| refused.contains(value)) {
@@ -337,14 +340,26 @@ async fn check_notifications(watcher: &RawClient, records: &[Record]) -> Vec<Str
     anomalies
 }
 
+/// The value a SET call writes.
+fn set_value(record: &Record) -> Option<&str> {
+    match &record.op.call {
+        Call::Set { value, .. } => Some(value.as_str()),
+        _ => None,
+    }
+}
+
 /// The request a call sends.
 fn command(key: usize, call: &Call) -> Command {
     let key = key_name(key);
     match call {
-        Call::Set { value, nx, px_ms } => Command::Set(Set {
+        Call::Set { value, condition, px_ms } => Command::Set(Set {
             key,
             value: value.as_bytes().to_vec(),
-            condition: if *nx { SetCondition::NotExists } else { SetCondition::Always },
+            condition: match condition {
+                Condition::Always => SetCondition::Always,
+                Condition::NotExists => SetCondition::NotExists,
+                Condition::NotExistsOrEqual => SetCondition::NotExistsOrEqual,
+            },
             expiry_ms: *px_ms,
         }),
         Call::Get => Command::Get(Get { key }),
@@ -396,12 +411,20 @@ async fn client(
         tokio::time::sleep(Duration::from_millis(fastrand::u64(..=THINK_TIME_MS))).await;
         seq += 1;
         let key = fastrand::usize(..KEYS);
-        let value = format!("c{id}-{seq}");
+        let mut value = format!("c{id}-{seq}");
         // A quarter of the writes lapse after a while (`PX`), some of them before the next write.
         let px_ms = (fastrand::u8(..4) == 0).then(|| [100, 300, 1_000, 3_000][fastrand::usize(..4)]);
         let call = match fastrand::u8(..100) {
-            0..40 => Call::Set { value: value.clone(), nx: false, px_ms },
-            40..50 => Call::Set { value: value.clone(), nx: true, px_ms },
+            0..40 => Call::Set { value: value.clone(), condition: Condition::Always, px_ms },
+            40..45 => Call::Set { value: value.clone(), condition: Condition::NotExists, px_ms },
+            45..50 => {
+                // A lease's holder renewing it: the value this client wrote to the key last, if
+                // it wrote one (the key may hold another by now); else a first acquisition.
+                let prefix = format!("c{id}-");
+                let own = written.lock().unwrap()[key].iter().rev().find(|v| v.starts_with(&prefix)).cloned();
+                value = own.unwrap_or(value);
+                Call::Set { value: value.clone(), condition: Condition::NotExistsOrEqual, px_ms }
+            }
             50..75 => Call::Get,
             75..87 => Call::Del,
             _ => {
