@@ -18,13 +18,15 @@
 //! - `clock`: a follower is restarted with its wall clock 30 s ahead (libfaketime) for 6 s, then
 //!   restarted with the true time.
 //!
-//! A watcher has registered for every key's notifications (`KEYNOTIFY`) before the calls begin.
+//! A watcher has registered for every key's notifications (`KEYNOTIFY`) before the calls begin;
+//! a second one too, which stops watching every key (`KEYNOTIFY … STOP`) halfway through.
 //!
 //! Then every fault is healed, every key read once more, and the histories checked: each key's
 //! history is linearizable (calls without an answer may have happened or not), so no
 //! acknowledged write is lost; versions of acknowledged writes to a key rise in real-time order;
 //! every acknowledged write reached the watcher as a notification with its version, and no write
-//! that was refused did; every node is ready again. The longest time without any answer around
+//! that was refused did; no write invoked after a key's STOP was answered reached the second
+//! watcher; every node is ready again. The longest time without any answer around
 //! each fault is reported.
 //!
 //! `cargo test --release -p statestore-node --test faults` runs the short mode (150 s);
@@ -261,9 +263,9 @@ fn key_name(key: usize) -> Vec<u8> {
     format!("lin-{key}").into_bytes()
 }
 
-/// A client registered for the notifications of every key.
-async fn watch_every_key(broker_port: u16) -> RawClient {
-    let watcher = RawClient::connect(broker_port, "faults-watcher").await;
+/// A client named `name` registered for the notifications of every key.
+async fn watch_every_key(broker_port: u16, name: &str) -> RawClient {
+    let watcher = RawClient::connect(broker_port, name).await;
     for key in 0..KEYS {
         let register = Command::KeyNotify(KeyNotify { key: key_name(key), stop: false });
         let received = watcher.request(&register.encode(), &timestamp()).await;
@@ -272,13 +274,73 @@ async fn watch_every_key(broker_port: u16) -> RawClient {
     watcher
 }
 
+/// Ends `quitter`'s registration for every key (`KEYNOTIFY … STOP`), sending a STOP again while
+/// it gets no answer (ten tries at most); when each was answered (µs of the history's clock).
+async fn stop_watching_every_key(quitter: &RawClient, started: Instant) -> Vec<Option<u64>> {
+    let mut answered = vec![None; KEYS];
+    for (key, answered) in answered.iter_mut().enumerate() {
+        let stop = Command::KeyNotify(KeyNotify { key: key_name(key), stop: true }).encode();
+        for _ in 0..10 {
+            let Some(received) = quitter.request_with(&stop, quitter.properties(&timestamp()), CALL_TIMEOUT).await
+            else {
+                continue;
+            };
+            // `:0` when an earlier try that got no answer removed it.
+            if matches!(Response::decode(&received.payload), Ok(Response::Ok | Response::Int(0))) {
+                *answered = Some(started.elapsed().as_micros() as u64);
+                break;
+            }
+        }
+    }
+    answered
+}
+
+/// The suite's key a notification's topic names.
+fn notified_key(topic: &str) -> Option<usize> {
+    let hex = topic.rsplit('/').next()?;
+    (0..KEYS).find(|&key| hex_upper(&key_name(key)) == hex)
+}
+
+/// No notification of a write invoked after its key's STOP was answered (`stopped`) reached the
+/// quitter, which stopped watching every key halfway through; it got notifications before
+/// (else this proves nothing), and every STOP was answered. The anomalies.
+fn check_stopped(quitter: &RawClient, stopped: &[Option<u64>], records: &[Record]) -> Vec<String> {
+    let invoked: std::collections::HashMap<(usize, String), u64> = records
+        .iter()
+        .filter(|r| is_write(&r.op))
+        .filter_map(|r| Some(((r.key, r.version.as_ref()?.to_string()), r.op.invoked)))
+        .collect();
+    let mut anomalies: Vec<String> = (0..KEYS)
+        .filter(|&key| stopped[key].is_none())
+        .map(|key| format!("lin-{key}: KEYNOTIFY STOP was never answered"))
+        .collect();
+    let notifications = quitter.take_notifications();
+    if notifications.is_empty() {
+        anomalies.push("the watcher that stopped halfway got no notification at all".into());
+    }
+    for received in &notifications {
+        let (Some(key), Some(version)) = (notified_key(&received.topic), received.user("__ts")) else { continue };
+        let (Some(stopped), Some(&invoked)) = (stopped[key], invoked.get(&(key, version.to_string()))) else {
+            continue;
+        };
+        if invoked > stopped {
+            anomalies.push(format!(
+                "lin-{key}: the write of version {version}, invoked {} ms after KEYNOTIFY STOP was answered, was \
+                 notified to the client that stopped",
+                (invoked - stopped) / 1_000
+            ));
+        }
+    }
+    println!("the watcher that stopped halfway: {} notifications", notifications.len());
+    anomalies
+}
+
 /// What a notification says happened to a key: the value set, or `None` for a delete.
 type Notified = (usize, String, Option<String>);
 
 /// Every acknowledged write reached the watcher as a notification carrying the write's version
 /// (waiting up to 10 s for the last ones), and no write that was refused did. The anomalies.
 async fn check_notifications(watcher: &RawClient, records: &[Record]) -> Vec<String> {
-    let keys: BTreeMap<String, usize> = (0..KEYS).map(|key| (hex_upper(&key_name(key)), key)).collect();
     let expected: Vec<Notified> = records
         .iter()
         .filter(|r| is_write(&r.op))
@@ -296,7 +358,7 @@ async fn check_notifications(watcher: &RawClient, records: &[Record]) -> Vec<Str
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         for received in watcher.take_notifications() {
-            let key = received.topic.rsplit('/').next().and_then(|hex| keys.get(hex).copied());
+            let key = notified_key(&received.topic);
             let version = received.user("__ts").map(str::to_string);
             let (Some(key), Some(version)) = (key, version) else {
                 anomalies.push(format!("a notification for no key of the suite or without __ts: {}", received.topic));
@@ -516,8 +578,16 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
     };
     assert!(std::path::Path::new(LIBFAKETIME).exists(), "{LIBFAKETIME} is missing: cluster/packages.sh --tests");
     let mut rig = Rig::start().await;
-    let watcher = watch_every_key(rig.broker.port).await;
+    let watcher = watch_every_key(rig.broker.port, "faults-watcher").await;
+    let quitter = Arc::new(watch_every_key(rig.broker.port, "faults-quitter").await);
     let started = Instant::now();
+    let stopping = tokio::spawn({
+        let quitter = quitter.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(secs / 2)).await;
+            stop_watching_every_key(&quitter, started).await
+        }
+    });
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let written = Arc::new(Mutex::new(vec![Vec::new(); KEYS]));
     let clients: Vec<_> = (0..CLIENTS)
@@ -601,6 +671,7 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
     }
 
     anomalies.extend(check_notifications(&watcher, &records).await);
+    anomalies.extend(check_stopped(&quitter, &stopping.await.unwrap(), &records));
     let checked_in = checking.elapsed();
 
     // The longest time without an answer around each fault: from its start until the next one
