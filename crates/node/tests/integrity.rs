@@ -158,12 +158,15 @@ async fn a_node_whose_raft_log_directory_is_lost_stops() {
     assert!(logs.contains("lost entries: the directory is missing"), "{logs}");
 }
 
-/// Killed with `kill -9`, the node's tables on disk are behind what it committed: those entries
-/// are only in its log. With the log's segment files gone it stops instead of starting without
-/// them.
+/// Killed with `kill -9` before its applied state was flushed, the node's tables on disk are
+/// behind what it committed: those entries are only in its log. With the log's segment files
+/// gone it stops instead of starting without them.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_node_whose_raft_log_segments_are_lost_stops() {
-    let mut cluster = written_and_killed().await;
+    let never = "1000000000";
+    let mut cluster = Cluster::start(1, &["--flush-after-entries", never, "--flush-after-operations", never]).await;
+    write_keys(&cluster, KEYS).await;
+    cluster.kill(1);
     let log = cluster.nodes[&1].data_dir.join("log");
     let segments = files(&log, ".segment");
     assert!(!segments.is_empty(), "a log segment");
