@@ -268,26 +268,28 @@ impl LogStore {
         applied_on_disk: Arc<AppliedOnDisk>,
         fsync: Arc<FsyncWatch>,
     ) -> Result<LogStore, crate::OpenError> {
-        let state_error =
-            |e: RaftStorageError| crate::OpenError::State { path: dir.display().to_string(), detail: e.to_string() };
-        let kept_in_files = read_meta::<bool>(&db, LOG_IN_FILES).map_err(state_error)?.is_some();
+        let state_error = state_error(dir);
+        let kept_in_files = read_meta::<bool>(&db, LOG_IN_FILES).map_err(&state_error)?.is_some();
         if kept_in_files && !dir.exists() {
             return Err(crate::OpenError::LostLog {
                 path: dir.display().to_string(),
                 detail: "the directory is missing".into(),
             });
         }
-        let mut files = open_files(&db, dir)?;
+        // A node commits only entries it has flushed: a repair must not cut below them, and the
+        // log must hold those its tables do not.
+        let committed_index = committed_in(&db).map_err(&state_error)?;
+        let mut files = open_files(&db, dir, committed_index)?;
         if !kept_in_files {
             db.put_cf_opt(cf(&db, RAFT_META_CF), LOG_IN_FILES, encode(&true).expect("a bool encodes"), &synced())
                 .map_err(|source| crate::OpenError::Db { path: dir.display().to_string(), source })?;
         }
-        let last_purged: Option<LogId> = read_meta(&db, LAST_PURGED).map_err(state_error)?;
+        let last_purged: Option<LogId> = read_meta(&db, LAST_PURGED).map_err(&state_error)?;
         if let Some(purged) = last_purged {
             // Also deletes segments a purge that a crash interrupted left behind.
             files.purge(purged.index).map_err(crate::OpenError::Log)?;
         }
-        check_holds_unapplied(&files, applied_on_disk.get(), committed_in(&db).map_err(state_error)?, dir)?;
+        check_holds_unapplied(&files, applied_on_disk.get(), committed_index, dir)?;
         let reader = LogReader { db, files: Arc::new(RwLock::new(files)), recent: Arc::default() };
         check_vote_covers_log(&reader, dir)?;
         let (flushes, pending) = mpsc::channel();
@@ -321,9 +323,8 @@ impl LogStore {
 /// purged to): openraft saves a vote (synced) before it appends any entry of the vote's term, so
 /// such a vote is one whose latest writes were lost.
 fn check_vote_covers_log(reader: &LogReader, dir: &Path) -> Result<(), crate::OpenError> {
-    let state_error =
-        |e: RaftStorageError| crate::OpenError::State { path: dir.display().to_string(), detail: e.to_string() };
-    let Some(last) = reader.last_log_id().map_err(state_error)? else { return Ok(()) };
+    let state_error = state_error(dir);
+    let Some(last) = reader.last_log_id().map_err(&state_error)? else { return Ok(()) };
     let vote: Option<Vote> = reader.meta(VOTE).map_err(state_error)?;
     let vote_term = vote.map_or(0, |vote| vote.leader_id.term);
     if vote_term < last.leader_id.term {
@@ -357,6 +358,11 @@ fn check_holds_unapplied(files: &LogFiles, applied: u64, committed: u64, dir: &P
     })
 }
 
+/// The error of a read of the log's metadata in RocksDB while the log in `dir` opens.
+fn state_error(dir: &Path) -> impl Fn(RaftStorageError) -> crate::OpenError + '_ {
+    move |e| crate::OpenError::State { path: dir.display().to_string(), detail: e.to_string() }
+}
+
 /// The committed log index recorded last (0 before any).
 fn committed_in(db: &DB) -> Result<u64, RaftStorageError> {
     let committed: Option<Option<LogId>> = read_meta(db, COMMITTED)?;
@@ -364,8 +370,9 @@ fn committed_in(db: &DB) -> Result<u64, RaftStorageError> {
 }
 
 /// Opens the log's files in `dir`, moving into them the log an earlier version kept in RocksDB
-/// (deleted from there once the files hold it durably).
-fn open_files(db: &DB, dir: &Path) -> Result<LogFiles, crate::OpenError> {
+/// (deleted from there once the files hold it durably); a repair of an unfinished write may not
+/// cut the log at or below `committed`.
+fn open_files(db: &DB, dir: &Path, committed: u64) -> Result<LogFiles, crate::OpenError> {
     let legacy = db.cf_handle(LEGACY_LOG_CF);
     let legacy_entries = legacy.is_some_and(|log| db.iterator_cf(log, IteratorMode::Start).next().is_some());
     if let (Some(log), true, false) = (legacy, legacy_entries, dir.exists()) {
@@ -399,9 +406,6 @@ fn open_files(db: &DB, dir: &Path) -> Result<LogFiles, crate::OpenError> {
             .and_then(|()| db.delete_cf(log, [0xffu8; 8]))
             .map_err(|source| crate::OpenError::Db { path: LEGACY_LOG_CF.into(), source })?;
     }
-    // A node commits only entries it has flushed: a repair must not cut below them.
-    let committed = committed_in(db)
-        .map_err(|e| crate::OpenError::State { path: dir.display().to_string(), detail: e.to_string() })?;
     let (files, recovery) = LogFiles::open_holding(dir, committed).map_err(crate::OpenError::Log)?;
     if recovery.deleted_segments > 0 {
         tracing::warn!(
