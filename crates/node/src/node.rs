@@ -111,7 +111,7 @@ pub struct Node {
     pub peer_health: statestore_raft::peer_health::PeerHealth,
     /// The node's own background tasks (elector, snapshot policy, enrollment, watches): ended
     /// before Raft stops, so none asks a stopped Raft for anything.
-    duties: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+    duties: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// True once the node stops taking Raft messages: its appends streams close at the next
     /// frame, before Raft stops, as its HTTP server stops taking requests.
     closed_to_peers: tokio::sync::watch::Sender<bool>,
@@ -232,7 +232,7 @@ impl Node {
         ));
         node.spawn_duty(crate::state_flush::flush_applied_state(node.reader.clone(), config.flush_after));
         node.bootstrap(&config.initial_members, &config.peer_routes).await?;
-        node.duties.lock().unwrap().push(elector.start().abort_handle());
+        node.duties.lock().unwrap().push(elector.start());
         Ok(node)
     }
 
@@ -446,7 +446,7 @@ impl Node {
     /// stops as it would have (the others elect a leader after their lease). Leading or not, a
     /// stopping node no longer stands for election, on its own or when asked.
     pub async fn hand_over_leadership(&self) {
-        self.end_duties();
+        self.end_duties().await;
         self.elector.restrain(statestore_raft::Restraint::Stopping, true);
         if self.raft.metrics().borrow().state != openraft::ServerState::Leader || self.elector.other_voters().is_empty()
         {
@@ -554,14 +554,22 @@ impl Node {
 
     /// Starts one of the node's background tasks, ended by [`Node::shutdown`].
     fn spawn_duty(&self, duty: impl std::future::Future<Output = ()> + Send + 'static) {
-        let handle = tokio::spawn(duty).abort_handle();
+        let handle = tokio::spawn(duty);
         self.duties.lock().unwrap().push(handle);
     }
 
-    /// Ends the node's background tasks (those not ended already).
-    fn end_duties(&self) {
-        for duty in self.duties.lock().unwrap().drain(..) {
+    /// Ends the node's background tasks (those not ended already) and waits, for
+    /// [`DUTIES_END_WITHIN`] at most, until none runs: a task being polled when it is aborted
+    /// finishes that step first, and one that calls into Raft after Raft stopped makes openraft
+    /// log an error.
+    async fn end_duties(&self) {
+        let duties: Vec<tokio::task::JoinHandle<()>> = self.duties.lock().unwrap().drain(..).collect();
+        for duty in &duties {
             duty.abort();
+        }
+        let deadline = tokio::time::Instant::now() + DUTIES_END_WITHIN;
+        for duty in duties {
+            let _ = tokio::time::timeout_at(deadline, duty).await;
         }
     }
 
@@ -583,7 +591,7 @@ impl Node {
     /// not apply the log again when it starts.
     pub async fn shutdown(&self) {
         self.close_to_peers();
-        self.end_duties();
+        self.end_duties().await;
         self.pipeline.refuse(Some("this node is stopping".into()));
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft did not stop cleanly");
@@ -621,6 +629,9 @@ impl Node {
         Ok(applied)
     }
 }
+
+/// How long a stopping node waits for its aborted background tasks to end.
+const DUTIES_END_WITHIN: Duration = Duration::from_secs(1);
 
 /// How often the snapshot policy looks at the log.
 const SNAPSHOT_CHECK_EVERY: Duration = Duration::from_millis(200);
