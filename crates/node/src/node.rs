@@ -81,6 +81,8 @@ pub struct Node {
     pub advertise: String,
     pub raft: Raft,
     pub reader: StateReader,
+    /// The Raft log, read for its entries' range when the node stops.
+    log: statestore_raft::LogReader,
     pub metrics: Metrics,
     /// The request path every front end and leader duty submits to.
     pub pipeline: Pipeline,
@@ -183,7 +185,7 @@ impl Node {
         let elector = Elector::new(
             config.id,
             raft.clone(),
-            log,
+            log.clone(),
             network,
             (config.election_min, config.election_max),
             config.heartbeat,
@@ -201,6 +203,7 @@ impl Node {
             metrics,
             pipeline,
             leader,
+            log: log.clone(),
             elector: elector.clone(),
             snapshot_receiver: statestore_raft::SnapshotReceiver::default(),
             broker_connected: std::sync::OnceLock::new(),
@@ -588,7 +591,8 @@ impl Node {
 
     /// Ends the node's background tasks and refuses new requests, then stops Raft (no more
     /// votes, appends or applies), then writes what was applied to disk, so that the node does
-    /// not apply the log again when it starts.
+    /// not apply the log again when it starts. When Raft stopped without an error, the log's
+    /// range is recorded too, so that the next start finds entries lost meanwhile.
     pub async fn shutdown(&self) {
         self.close_to_peers();
         self.end_duties().await;
@@ -596,11 +600,27 @@ impl Node {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft did not stop cleanly");
         }
-        let reader = self.reader.clone();
-        match tokio::task::spawn_blocking(move || reader.flush_applied().map_err(|e| e.to_string())).await {
-            Ok(Ok(index)) => tracing::debug!(applied = index, "the applied state is on disk"),
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "could not write the applied state to disk; it is applied again from the log at start")
+        let stopped_cleanly =
+            matches!(self.raft.metrics().borrow().running_state, Err(openraft::error::Fatal::Stopped));
+        let (reader, log) = (self.reader.clone(), self.log.clone());
+        let written = tokio::task::spawn_blocking(move || {
+            let applied = reader.flush_applied().map_err(|e| e.to_string());
+            let log = if stopped_cleanly { log.record_stop().map_err(|e| e.to_string()) } else { Ok(()) };
+            (applied, log)
+        })
+        .await;
+        match written {
+            Ok((applied, log)) => {
+                match applied {
+                    Ok(index) => tracing::debug!(applied = index, "the applied state is on disk"),
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "could not write the applied state to disk; it is applied again from the log at start"
+                    ),
+                }
+                if let Err(e) = log {
+                    tracing::warn!(error = %e, "could not record the Raft log's entries at the stop");
+                }
             }
             Err(e) => tracing::warn!(error = %e, "could not write the applied state to disk"),
         }

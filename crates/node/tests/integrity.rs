@@ -178,6 +178,25 @@ async fn a_node_whose_raft_log_segments_are_lost_stops() {
     assert!(logs.contains("lost entries: it holds no entry, but this node committed entries up to"), "{logs}");
 }
 
+/// Stopped cleanly, the node's tables hold every entry it knew committed, but its log may hold
+/// later ones a leader counted it for. Segment files deleted while it was stopped (the directory
+/// kept) are found from what it recorded at the stop: it stops instead of starting without them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_whose_raft_log_segments_are_lost_after_a_clean_stop_stops() {
+    let mut cluster = Cluster::start(1, &[]).await;
+    write_keys(&cluster, KEYS).await;
+    assert!(cluster.terminate(1).success(), "a clean stop\n{}", cluster.logs());
+    let log = cluster.nodes[&1].data_dir.join("log");
+    let segments = files(&log, ".segment");
+    assert!(!segments.is_empty(), "a log segment");
+    for (segment, _) in segments {
+        std::fs::remove_file(segment).unwrap();
+    }
+    assert_stops_as_damaged(&mut cluster, 1, "Raft log");
+    let logs = cluster.logs();
+    assert!(logs.contains("lost entries: it holds no entry, but it held entries"), "{logs}");
+}
+
 /// Applies `change` to node 1's Raft log segment from the middle of what was written to the
 /// end of the file (the segment is allocated whole, so the middle of the file is zeros).
 fn change_the_raft_log_middle(cluster: &Cluster, change: impl FnOnce(&mut [u8])) {

@@ -38,6 +38,17 @@ const LAST_PURGED: &[u8] = b"last_purged";
 /// Present once the log is kept in its own directory: a node whose directory is missing after
 /// that lost it.
 const LOG_IN_FILES: &[u8] = b"log_in_files";
+/// Written (synced) when the node stops cleanly, deleted when it opens again: the entries the
+/// log held then ([`StoppedLog`]). Entries lost while the node was stopped are found by it even
+/// when the tables hold every entry the node knew committed.
+const STOPPED_LOG: &[u8] = b"stopped_log";
+
+/// The entries the log's files held when the node last stopped cleanly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+struct StoppedLog {
+    first: u64,
+    last: u64,
+}
 
 fn index_of(key: &[u8]) -> Result<u64, RaftStorageError> {
     let bytes: [u8; 8] =
@@ -177,6 +188,19 @@ impl LogReader {
         Ok(names)
     }
 
+    /// Records (synced) the entries the log's files hold, for the next open to check that none
+    /// was lost meanwhile. Only for a node that stopped cleanly: Raft stopped, so the log no longer
+    /// changes, and every entry it holds was flushed.
+    pub fn record_stop(&self) -> Result<(), RaftStorageError> {
+        let files = self.files.read().unwrap();
+        let (Some(first), Some(last)) = (files.first_index(), files.last_index()) else { return Ok(()) };
+        let bytes = encode(&StoppedLog { first, last }).map_err(|e| StorageIOError::write(&e))?;
+        self.db
+            .put_cf_opt(cf(&self.db, RAFT_META_CF), STOPPED_LOG, bytes, &synced())
+            .map_err(|e| StorageIOError::write(&e))?;
+        Ok(())
+    }
+
     fn last_entry_id(&self) -> Result<Option<LogId>, RaftStorageError> {
         // Held throughout, so that no truncation comes between finding the last index and reading it.
         let files = self.files.read().unwrap();
@@ -290,6 +314,7 @@ impl LogStore {
             files.purge(purged.index).map_err(crate::OpenError::Log)?;
         }
         check_holds_unapplied(&files, applied_on_disk.get(), committed_index, dir)?;
+        check_holds_stopped(&db, &files, dir)?;
         let reader = LogReader { db, files: Arc::new(RwLock::new(files)), recent: Arc::default() };
         check_vote_covers_log(&reader, dir)?;
         let (flushes, pending) = mpsc::channel();
@@ -356,6 +381,30 @@ fn check_holds_unapplied(files: &LogFiles, applied: u64, committed: u64, dir: &P
             "it {held}, but this node committed entries up to {committed} and its tables hold them up to {applied}"
         ),
     })
+}
+
+/// Refuses a log that lost entries it held when the node last stopped cleanly, then forgets that
+/// record (synced): from here on the log changes (appends, truncations, purges), and a crash
+/// leaves no record to check against.
+fn check_holds_stopped(db: &DB, files: &LogFiles, dir: &Path) -> Result<(), crate::OpenError> {
+    let state_error = state_error(dir);
+    let Some(stopped) = read_meta::<StoppedLog>(db, STOPPED_LOG).map_err(&state_error)? else { return Ok(()) };
+    let holds = match (files.first_index(), files.last_index()) {
+        (Some(first), Some(last)) if first <= stopped.first && last >= stopped.last => None,
+        (Some(first), Some(last)) => Some(format!("holds entries {first} to {last}")),
+        _ => Some("holds no entry".to_string()),
+    };
+    if let Some(held) = holds {
+        return Err(crate::OpenError::LostLog {
+            path: dir.display().to_string(),
+            detail: format!(
+                "it {held}, but it held entries {} to {} when this node stopped",
+                stopped.first, stopped.last
+            ),
+        });
+    }
+    db.delete_cf_opt(cf(db, RAFT_META_CF), STOPPED_LOG, &synced())
+        .map_err(|source| crate::OpenError::Db { path: dir.display().to_string(), source })
 }
 
 /// The error of a read of the log's metadata in RocksDB while the log in `dir` opens.
@@ -699,6 +748,31 @@ mod tests {
         assert!(matches!(error, crate::OpenError::LostLog { .. }), "{error}");
         assert!(error.is_corruption());
         assert!(error.to_string().contains("lost entries: the directory is missing"), "{error}");
+    }
+
+    /// A clean stop records the entries the log holds; the next open checks them and forgets the
+    /// record. Segment files deleted while the node was stopped are found even though nothing
+    /// committed is missing from the tables.
+    #[test]
+    fn a_log_that_lost_entries_it_held_at_a_clean_stop_does_not_open() {
+        let dir = legacy_data_dir(2);
+        let node = open_storage(dir.path()).unwrap();
+        node.log.reader().record_stop().unwrap();
+        drop(node);
+        let node = open_storage(dir.path()).expect("the log holds what it held at the stop");
+        assert_eq!(read_meta::<StoppedLog>(node.log.db(), STOPPED_LOG).unwrap(), None, "the record is forgotten");
+        node.log.reader().record_stop().unwrap();
+        drop(node);
+        std::fs::remove_file(dir.path().join("log").join(format!("{:020}.segment", 3))).unwrap();
+        let Err(error) = open_storage(dir.path()) else { panic!("opened without the entries it held at the stop") };
+        assert!(matches!(error, crate::OpenError::LostLog { .. }), "{error}");
+        assert!(error.is_corruption());
+        assert!(
+            error
+                .to_string()
+                .contains("lost entries: it holds no entry, but it held entries 3 to 12 when this node stopped"),
+            "{error}"
+        );
     }
 
     #[test]

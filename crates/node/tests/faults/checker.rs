@@ -1,5 +1,5 @@
 //! Linearizability of one key's history against the sequential semantics of SET (NX, NEX, PX), GET,
-//! DEL and VDEL with fencing tokens (docs/protocol.md), in the manner of Wing & Gong with Lowe's
+//! SCAN (of a pattern that only the key's own name matches), DEL and VDEL with fencing tokens (docs/protocol.md), in the manner of Wing & Gong with Lowe's
 //! memoization: a
 //! depth-first search for an order of the operations that respects real time (an operation that
 //! returned before another was invoked comes first) and in which every answer is what the
@@ -34,6 +34,10 @@ pub enum Call {
         px_ms: Option<u64>,
     },
     Get,
+    /// `SCAN` of a pattern only this key's name matches: whether the key exists. Every page of
+    /// a scan is a linearizable read, and the key is on one page at most, so a scan of several
+    /// pages reads it at one moment between the first request and the last answer.
+    Scan,
     Del,
     VDel(String),
 }
@@ -48,13 +52,15 @@ pub enum Condition {
     NotExistsOrEqual,
 }
 
-/// What the store answered: `+OK`, `:n`, a value, nil, or a fencing refusal.
+/// What the store answered: `+OK`, `:n`, a value, nil, whether a scan listed the key, or a
+/// fencing refusal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
     Ok,
     Int(i64),
     Value(String),
     Nil,
+    Listed(bool),
     /// `a fencing token is required for this request`.
     FencingRequired,
     /// `the request fencing token is a lower version than the fencing token protecting the resource`.
@@ -92,7 +98,7 @@ pub struct State {
 /// `deadline` (from its `PX`), or none. Reads never need a token.
 pub fn step(state: &State, call: &Call, token: Option<Token>, deadline: Option<(u64, u64)>) -> (Answer, State) {
     let unchanged = state.clone();
-    if !matches!(call, Call::Get) {
+    if !is_read(call) {
         match (state.token, token) {
             (Some(_), None) => return (Answer::FencingRequired, unchanged),
             (Some(stored), Some(given)) if given < stored => return (Answer::FencingLower, unchanged),
@@ -107,6 +113,7 @@ pub fn step(state: &State, call: &Call, token: Option<Token>, deadline: Option<(
             (Condition::NotExists | Condition::NotExistsOrEqual, Some(_)) => (Answer::Int(-1), unchanged),
         },
         Call::Get => (state.value.clone().map_or(Answer::Nil, Answer::Value), unchanged),
+        Call::Scan => (Answer::Listed(state.value.is_some()), unchanged),
         Call::Del => match &state.value {
             Some(_) => (Answer::Int(1), State::default()),
             None => (Answer::Int(0), State::default()),
@@ -117,6 +124,11 @@ pub fn step(state: &State, call: &Call, token: Option<Token>, deadline: Option<(
             None => (Answer::Int(0), State::default()),
         },
     }
+}
+
+/// Whether `call` only reads the key (and so needs no fencing token and changes nothing).
+pub fn is_read(call: &Call) -> bool {
+    matches!(call, Call::Get | Call::Scan)
 }
 
 /// The ways `op` may take effect on `state` when no operation placed before it took effect
@@ -173,7 +185,7 @@ pub enum Verdict {
 /// same however long the history is.
 pub fn check(ops: &[Op], budget: usize) -> Verdict {
     // Reads that got no answer change nothing and constrain nothing.
-    let mut ops: Vec<Op> = ops.iter().filter(|op| !(op.answer.is_none() && op.call == Call::Get)).cloned().collect();
+    let mut ops: Vec<Op> = ops.iter().filter(|op| !(op.answer.is_none() && is_read(&op.call))).cloned().collect();
     ops.sort_by_key(|op| op.invoked);
     let n = ops.len();
     let required = ops.iter().filter(|op| op.answer.is_some()).count();
@@ -387,6 +399,31 @@ mod tests {
     fn a_value_never_written_is_caught() {
         let history = [op(0, 1, set("a"), Answer::Ok), op(2, 3, Call::Get, value("z"))];
         assert!(matches!(check(&history, BUDGET), Verdict::NotLinearizable(_)));
+    }
+
+    #[test]
+    fn a_scan_must_list_the_key_exactly_while_it_exists() {
+        let history = [
+            op(0, 1, Call::Scan, Answer::Listed(false)),
+            op(2, 3, set("a"), Answer::Ok),
+            op(4, 5, Call::Scan, Answer::Listed(true)),
+            // Concurrent with the delete: either.
+            op(6, 9, Call::Del, Answer::Int(1)),
+            op(7, 8, Call::Scan, Answer::Listed(true)),
+            op(10, 11, Call::Scan, Answer::Listed(false)),
+        ];
+        assert_eq!(check(&history, BUDGET), Verdict::Linearizable);
+        let missed = [op(0, 1, set("a"), Answer::Ok), op(2, 3, Call::Scan, Answer::Listed(false))];
+        assert!(matches!(check(&missed, BUDGET), Verdict::NotLinearizable(_)));
+        let deleted = [
+            op(0, 1, set("a"), Answer::Ok),
+            op(2, 3, Call::Del, Answer::Int(1)),
+            op(4, 5, Call::Scan, Answer::Listed(true)),
+        ];
+        assert!(matches!(check(&deleted, BUDGET), Verdict::NotLinearizable(_)));
+        let lapsed =
+            [op(0, MS, set_px("a", 100), Answer::Ok), op(200 * MS, 201 * MS, Call::Scan, Answer::Listed(true))];
+        assert!(matches!(check(&lapsed, BUDGET), Verdict::NotLinearizable(_)));
     }
 
     #[test]

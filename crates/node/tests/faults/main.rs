@@ -1,6 +1,7 @@
 //! The fault-injection suite: three real node processes and a real Mosquitto; concurrent MQTT
 //! clients (shaped as the SDKs send) run SET, SET NX, SET NEX (a lease's holder renewing it with
-//! the value it wrote last), GET, DEL and VDEL on a few keys, a quarter
+//! the value it wrote last), GET, SCAN (of a pattern only one key matches), DEL and VDEL on a few
+//! keys, a quarter
 //! of the writes with `PX` (100 ms to 3 s, so values lapse among the calls), and record every
 //! call, while faults come one after another. Half the keys are fenced: writes to them carry a
 //! fencing token (`__ft`), mostly a fresh one, sometimes a stale one or none, so the store's
@@ -23,7 +24,7 @@
 //!
 //! Then every fault is healed, every key read once more, and the histories checked: each key's
 //! history is linearizable (calls without an answer may have happened or not), so no
-//! acknowledged write is lost; versions of acknowledged writes to a key rise in real-time order;
+//! acknowledged write is lost; no scan lists a key its pattern does not match; versions of acknowledged writes to a key rise in real-time order;
 //! every acknowledged write reached the watcher as a notification with its version, and no write
 //! that was refused did; no write invoked after a key's STOP was answered reached the second
 //! watcher; every node is ready again. The longest time without any answer around
@@ -49,7 +50,7 @@ use common::mqtt::RawClient;
 use common::{timestamp, Cluster};
 use statestore_protocol::topic::hex_upper;
 use statestore_protocol::{
-    Command, Del, Get, Hlc, KeyNotify, Notification, Response, Set, SetCondition, StoreError, VDel,
+    Command, Del, Get, Hlc, KeyNotify, Notification, Response, Scan, Set, SetCondition, StoreError, VDel,
 };
 
 const NODES: u64 = 3;
@@ -263,6 +264,54 @@ fn key_name(key: usize) -> Vec<u8> {
     format!("lin-{key}").into_bytes()
 }
 
+/// A pattern that only `key`'s name matches, its last character in a class (`lin-1[2]`), so that
+/// a scan examines the names of the keys beside it too.
+fn scan_pattern(key: usize) -> Vec<u8> {
+    let name = String::from_utf8(key_name(key)).expect("key names are text");
+    let (head, last) = name.split_at(name.len() - 1);
+    format!("{head}[{last}]").into_bytes()
+}
+
+/// Most pages one scan of the suite may take.
+const SCAN_PAGES: usize = 16;
+
+/// The rest of a scan of `key`'s pattern whose first page listed `keys` and gave `token`: pages
+/// requested until the final one. Whether the key was listed, or `Err` with what went wrong (a
+/// key its pattern does not match), or `Ok(None)` when a page got no answer or an error.
+async fn rest_of_scan(
+    client: &RawClient,
+    key: usize,
+    mut keys: Vec<serde_bytes::ByteBuf>,
+    mut token: Option<serde_bytes::ByteBuf>,
+) -> Result<Option<bool>, String> {
+    let (name, mut listed, mut pages) = (key_name(key), false, 1);
+    loop {
+        for listed_key in &keys {
+            if listed_key.as_slice() != name.as_slice() {
+                return Err(format!(
+                    "a scan of {} listed {}",
+                    String::from_utf8_lossy(&scan_pattern(key)),
+                    String::from_utf8_lossy(listed_key)
+                ));
+            }
+            listed = true;
+        }
+        let Some(next) = token.take() else { return Ok(Some(listed)) };
+        if pages == SCAN_PAGES {
+            return Err(format!("a scan of one key took more than {SCAN_PAGES} pages"));
+        }
+        pages += 1;
+        let page = Command::Scan(Scan { pattern: scan_pattern(key), token: Some(next) }).encode();
+        let Some(received) = client.request_with(&page, client.properties(&timestamp()), CALL_TIMEOUT).await else {
+            return Ok(None);
+        };
+        match Response::decode(&received.payload) {
+            Ok(Response::Keys { keys: more, token: next }) => (keys, token) = (more, next),
+            _ => return Ok(None),
+        }
+    }
+}
+
 /// A client named `name` registered for the notifications of every key.
 async fn watch_every_key(broker_port: u16, name: &str) -> RawClient {
     let watcher = RawClient::connect(broker_port, name).await;
@@ -411,8 +460,8 @@ fn set_value(record: &Record) -> Option<&str> {
 }
 
 /// The request a call sends.
-fn command(key: usize, call: &Call) -> Command {
-    let key = key_name(key);
+fn command(key_index: usize, call: &Call) -> Command {
+    let key = key_name(key_index);
     match call {
         Call::Set { value, condition, px_ms } => Command::Set(Set {
             key,
@@ -425,6 +474,7 @@ fn command(key: usize, call: &Call) -> Command {
             expiry_ms: *px_ms,
         }),
         Call::Get => Command::Get(Get { key }),
+        Call::Scan => Command::Scan(Scan { pattern: scan_pattern(key_index), token: None }),
         Call::Del => Command::Del(Del { key }),
         Call::VDel(v) => Command::VDel(VDel { key, value: v.as_bytes().to_vec() }),
     }
@@ -444,7 +494,7 @@ static TOKEN_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 /// The fencing token of a write to `key`: none on an unfenced key; on a fenced one mostly a
 /// fresh token, sometimes one 2 s old (which the key's token has likely passed), sometimes none.
 fn fencing_token(key: usize, call: &Call) -> Option<Token> {
-    if key < FENCED_FROM || matches!(call, Call::Get) {
+    if key < FENCED_FROM || checker::is_read(call) {
         return None;
     }
     let counter = TOKEN_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 100_000;
@@ -456,18 +506,19 @@ fn fencing_token(key: usize, call: &Call) -> Option<Token> {
     }
 }
 
-/// One client: calls until `stop`, one at a time.
+/// One client: calls until `stop`, one at a time. Its records, how many calls were refused with
+/// another `-ERR`, and scans that listed what they should not have.
 async fn client(
     id: usize,
     broker_port: u16,
     started: Instant,
     stop: Arc<std::sync::atomic::AtomicBool>,
     written: Arc<Mutex<Vec<Vec<String>>>>,
-) -> (Vec<Record>, usize) {
+) -> (Vec<Record>, usize, Vec<String>) {
     // Without Nagle's algorithm, as the node's own connection: a call goes out as soon as the
     // previous one is answered and the client has thought for a moment.
     let client = RawClient::connect_with_nagle(broker_port, &format!("faults-client-{id}"), false).await;
-    let (mut records, mut errors) = (Vec::new(), 0);
+    let (mut records, mut errors, mut wrong_scans) = (Vec::new(), 0, Vec::new());
     let mut seq = 0u64;
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(fastrand::u64(..=THINK_TIME_MS))).await;
@@ -487,7 +538,8 @@ async fn client(
                 value = own.unwrap_or(value);
                 Call::Set { value: value.clone(), condition: Condition::NotExistsOrEqual, px_ms }
             }
-            50..75 => Call::Get,
+            50..70 => Call::Get,
+            70..75 => Call::Scan,
             75..87 => Call::Del,
             _ => {
                 let known = written.lock().unwrap()[key].clone();
@@ -512,11 +564,27 @@ async fn client(
         }
         let invoked = started.elapsed().as_micros() as u64;
         let received = client.request_with(&payload, properties, CALL_TIMEOUT).await;
-        let returned = started.elapsed().as_micros() as u64;
+        let mut returned = started.elapsed().as_micros() as u64;
         let mut op = Op { invoked, returned: None, call, token, answer: None };
         let mut version = None;
         if let Some(received) = received {
             let answer = match Response::decode(&received.payload) {
+                Ok(Response::Keys { keys, token }) if op.call == Call::Scan => {
+                    match rest_of_scan(&client, key, keys, token).await {
+                        Ok(Some(listed)) => {
+                            returned = started.elapsed().as_micros() as u64;
+                            Some(Answer::Listed(listed))
+                        }
+                        Ok(None) => {
+                            records.push(Record { key, op, version });
+                            continue;
+                        }
+                        Err(wrong) => {
+                            wrong_scans.push(wrong);
+                            continue;
+                        }
+                    }
+                }
                 Ok(Response::Ok) => Some(Answer::Ok),
                 Ok(Response::Int(n)) => Some(Answer::Int(n)),
                 Ok(Response::Nil) => Some(Answer::Nil),
@@ -535,7 +603,7 @@ async fn client(
         }
         records.push(Record { key, op, version });
     }
-    (records, errors)
+    (records, errors, wrong_scans)
 }
 
 /// The longest stretch (ms) in `[from, to]` without any answered call, given answer times (µs).
@@ -610,11 +678,12 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (mut records, mut errors) = (Vec::new(), 0);
+    let (mut records, mut errors, mut anomalies) = (Vec::new(), 0, Vec::new());
     for client in clients {
-        let (r, e) = client.await.unwrap();
+        let (r, e, wrong_scans) = client.await.unwrap();
         records.extend(r);
         errors += e;
+        anomalies.extend(wrong_scans);
     }
     let ended = started.elapsed().as_micros() as u64;
 
@@ -636,7 +705,6 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
 
     // Linearizability per key, and versions of acknowledged writes rising in real time.
     let checking = Instant::now();
-    let mut anomalies = Vec::new();
     for key in 0..KEYS {
         let ops: Vec<Op> = records.iter().filter(|r| r.key == key).map(|r| r.op.clone()).collect();
         let budget = (ops.len() * CHECK_BUDGET_PER_OP).max(2_000_000);
