@@ -761,12 +761,14 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
     let unanswered = records.len() - answered;
     let fenced = |answer: Answer| records.iter().filter(|r| r.op.answer.as_ref() == Some(&answer)).count();
     println!(
-        "\n{} s, {} calls: {answered} answered ({} fencing token required, {} lower), {unanswered} unanswered, \
-         {errors} refused with another -ERR",
+        "\n{} s, {} calls: {answered} answered ({} fencing token required, {} lower; {} scans listed the key, {} \
+         did not), {unanswered} unanswered, {errors} refused with another -ERR",
         secs,
         records.len(),
         fenced(Answer::FencingRequired),
         fenced(Answer::FencingLower),
+        fenced(Answer::Listed(true)),
+        fenced(Answer::Listed(false)),
     );
     println!("{:<18} {:>6} {:>22} {:>18}", "fault", "cycles", "no answer, median ms", "no answer, max ms");
     for (fault, values) in &mut gaps {
