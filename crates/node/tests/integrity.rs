@@ -158,6 +158,15 @@ async fn a_node_whose_raft_log_directory_is_lost_stops() {
     assert!(logs.contains("lost entries: the directory is missing"), "{logs}");
 }
 
+/// Deletes every segment file of node `id`'s Raft log, leaving its directory.
+fn delete_raft_log_segments(cluster: &Cluster, id: u64) {
+    let segments = files(&cluster.nodes[&id].data_dir.join("log"), ".segment");
+    assert!(!segments.is_empty(), "a log segment");
+    for (segment, _) in segments {
+        std::fs::remove_file(segment).unwrap();
+    }
+}
+
 /// Killed with `kill -9` before its applied state was flushed, the node's tables on disk are
 /// behind what it committed: those entries are only in its log. With the log's segment files
 /// gone it stops instead of starting without them.
@@ -167,12 +176,7 @@ async fn a_node_whose_raft_log_segments_are_lost_stops() {
     let mut cluster = Cluster::start(1, &["--flush-after-entries", never, "--flush-after-operations", never]).await;
     write_keys(&cluster, KEYS).await;
     cluster.kill(1);
-    let log = cluster.nodes[&1].data_dir.join("log");
-    let segments = files(&log, ".segment");
-    assert!(!segments.is_empty(), "a log segment");
-    for (segment, _) in segments {
-        std::fs::remove_file(segment).unwrap();
-    }
+    delete_raft_log_segments(&cluster, 1);
     assert_stops_as_damaged(&mut cluster, 1, "Raft log");
     let logs = cluster.logs();
     assert!(logs.contains("lost entries: it holds no entry, but this node committed entries up to"), "{logs}");
@@ -186,12 +190,7 @@ async fn a_node_whose_raft_log_segments_are_lost_after_a_clean_stop_stops() {
     let mut cluster = Cluster::start(1, &[]).await;
     write_keys(&cluster, KEYS).await;
     assert!(cluster.terminate(1).success(), "a clean stop\n{}", cluster.logs());
-    let log = cluster.nodes[&1].data_dir.join("log");
-    let segments = files(&log, ".segment");
-    assert!(!segments.is_empty(), "a log segment");
-    for (segment, _) in segments {
-        std::fs::remove_file(segment).unwrap();
-    }
+    delete_raft_log_segments(&cluster, 1);
     assert_stops_as_damaged(&mut cluster, 1, "Raft log");
     let logs = cluster.logs();
     assert!(logs.contains("lost entries: it holds no entry, but it held entries"), "{logs}");
