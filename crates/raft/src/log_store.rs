@@ -370,11 +370,7 @@ fn check_holds_unapplied(files: &LogFiles, applied: u64, committed: u64, dir: &P
     if committed <= applied {
         return Ok(());
     }
-    let held = match (files.first_index(), files.last_index()) {
-        (Some(first), Some(last)) if first <= applied + 1 && last >= committed => return Ok(()),
-        (Some(first), Some(last)) => format!("holds entries {first} to {last}"),
-        _ => "holds no entry".to_string(),
-    };
+    let Some(held) = lacks(files, applied + 1, committed) else { return Ok(()) };
     Err(crate::OpenError::LostLog {
         path: dir.display().to_string(),
         detail: format!(
@@ -383,18 +379,23 @@ fn check_holds_unapplied(files: &LogFiles, applied: u64, committed: u64, dir: &P
     })
 }
 
+/// `None` when the files hold every entry from `from` to `to`; else what they hold ("holds
+/// entries N to M", "holds no entry").
+fn lacks(files: &LogFiles, from: u64, to: u64) -> Option<String> {
+    match (files.first_index(), files.last_index()) {
+        (Some(first), Some(last)) if first <= from && last >= to => None,
+        (Some(first), Some(last)) => Some(format!("holds entries {first} to {last}")),
+        _ => Some("holds no entry".to_string()),
+    }
+}
+
 /// Refuses a log that lost entries it held when the node last stopped cleanly, then forgets that
 /// record (synced): from here on the log changes (appends, truncations, purges), and a crash
 /// leaves no record to check against.
 fn check_holds_stopped(db: &DB, files: &LogFiles, dir: &Path) -> Result<(), crate::OpenError> {
     let state_error = state_error(dir);
     let Some(stopped) = read_meta::<StoppedLog>(db, STOPPED_LOG).map_err(&state_error)? else { return Ok(()) };
-    let holds = match (files.first_index(), files.last_index()) {
-        (Some(first), Some(last)) if first <= stopped.first && last >= stopped.last => None,
-        (Some(first), Some(last)) => Some(format!("holds entries {first} to {last}")),
-        _ => Some("holds no entry".to_string()),
-    };
-    if let Some(held) = holds {
+    if let Some(held) = lacks(files, stopped.first, stopped.last) {
         return Err(crate::OpenError::LostLog {
             path: dir.display().to_string(),
             detail: format!(

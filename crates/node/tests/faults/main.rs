@@ -24,7 +24,8 @@
 //!
 //! Then every fault is healed, every key read once more, and the histories checked: each key's
 //! history is linearizable (calls without an answer may have happened or not), so no
-//! acknowledged write is lost; no scan lists a key its pattern does not match; versions of acknowledged writes to a key rise in real-time order;
+//! acknowledged write is lost; no scan lists a key its pattern does not match; versions of
+//! acknowledged writes to a key rise in real-time order;
 //! every acknowledged write reached the watcher as a notification with its version, and no write
 //! that was refused did; no write invoked after a key's STOP was answered reached the second
 //! watcher; every node is ready again. The longest time without any answer around
@@ -759,16 +760,16 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
     }
     let answered = records.iter().filter(|r| r.op.answer.is_some()).count();
     let unanswered = records.len() - answered;
-    let fenced = |answer: Answer| records.iter().filter(|r| r.op.answer.as_ref() == Some(&answer)).count();
+    let answered_with = |answer: Answer| records.iter().filter(|r| r.op.answer.as_ref() == Some(&answer)).count();
     println!(
         "\n{} s, {} calls: {answered} answered ({} fencing token required, {} lower; {} scans listed the key, {} \
          did not), {unanswered} unanswered, {errors} refused with another -ERR",
         secs,
         records.len(),
-        fenced(Answer::FencingRequired),
-        fenced(Answer::FencingLower),
-        fenced(Answer::Listed(true)),
-        fenced(Answer::Listed(false)),
+        answered_with(Answer::FencingRequired),
+        answered_with(Answer::FencingLower),
+        answered_with(Answer::Listed(true)),
+        answered_with(Answer::Listed(false)),
     );
     println!("{:<18} {:>6} {:>22} {:>18}", "fault", "cycles", "no answer, median ms", "no answer, max ms");
     for (fault, values) in &mut gaps {
