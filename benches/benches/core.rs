@@ -126,8 +126,7 @@ fn state_store(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let metrics = statestore_raft::metrics::StorageMetrics::register(&prometheus::Registry::new()).unwrap();
-    let mut node =
-        statestore_raft::open(dir.path(), statestore_statemachine::Config::default(), metrics, false).unwrap();
+    let mut node = statestore_raft::open(dir.path(), statestore_statemachine::Config::default(), metrics).unwrap();
     let mut rng = fastrand::Rng::with_seed(7);
     let mut index = 0;
     // About 8,000 requests per second of replicated time: the dedup table holds what 70 s of

@@ -33,6 +33,10 @@ pub struct ClusterStatus {
     pub cluster_id: Option<String>,
     /// The random id this node's data directory got when it was created.
     pub incarnation: String,
+    /// Whether this node runs on a restored backup and waits for the restored cluster's first
+    /// leader to name it anew.
+    #[serde(default)]
+    pub restoring: bool,
     /// The storage incarnation enrolled for each member.
     pub enrolled: BTreeMap<NodeId, String>,
     /// The peers none of whose Raft requests from this node have been answered lately, each with

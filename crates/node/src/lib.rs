@@ -25,6 +25,8 @@
 //! - [`metrics`]: the Prometheus registry and Raft gauges.
 //! - [`mqtt`]: the MQTT5 front end — an adapter from the broker to the pipeline: the state
 //!   store protocol, the follower shadow, and the notification sink.
+//! - [`restore_check`]: a node started with `--restored` first checks that the cluster its data
+//!   directory names is not running (a flag left over from a restore that has ended).
 //! - [`server`]: runs a node until SIGTERM or SIGINT.
 //! - [`state_flush`]: writes the applied state to disk once `--flush-after-entries` entries or
 //!   `--flush-after-operations` operations are not, so a node killed applies little of its log
@@ -44,6 +46,7 @@ pub mod metrics;
 pub mod mqtt;
 pub mod node;
 pub mod pipeline;
+pub mod restore_check;
 pub mod server;
 pub mod state_flush;
 

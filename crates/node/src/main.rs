@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::Parser;
 use statestore_node::config::DEFAULT_LOG_FILTER;
+use statestore_node::restore_check::OldClusterRunning;
 use statestore_node::server::{self, EXIT_CONFIG, EXIT_DAMAGED_STORAGE, EXIT_STORAGE_FAILED};
 use statestore_node::{Args, NodeConfig};
 use tracing_subscriber::EnvFilter;
@@ -43,6 +44,10 @@ fn main() -> anyhow::Result<()> {
     // a mutex the exit had already destroyed (an abort instead of the exit code below).
     runtime.shutdown_timeout(RUNTIME_STOP);
     if let Err(e) = &result {
+        if e.chain().any(|cause| cause.is::<OldClusterRunning>()) {
+            eprintln!("statestore: {e:#}");
+            std::process::exit(EXIT_CONFIG);
+        }
         if server::is_damaged_storage(e) {
             eprintln!(
                 "statestore: the storage in {} is damaged: {e:#}\n\
@@ -84,6 +89,10 @@ async fn serve(config: NodeConfig) -> anyhow::Result<()> {
     statestore_node::logs::init(filter, config.log_json);
     let result = server::run(config, server::signal()).await;
     if let Err(e) = &result {
+        if e.chain().any(|cause| cause.is::<OldClusterRunning>()) {
+            eprintln!("statestore: {e:#}");
+            std::process::exit(EXIT_CONFIG);
+        }
         if server::is_damaged_storage(e) {
             tracing::error!(error = format!("{e:#}"), "damaged storage");
         }

@@ -124,14 +124,40 @@ pub struct Node {
 /// How long a stopping leader tries to hand its leadership over before it stops regardless.
 pub const HANDOVER_DEADLINE: Duration = Duration::from_secs(2);
 
+/// An HTTP client for a node's peers, over TLS (`peer_tls`) when the cluster uses it. Every
+/// request gives up after `timeout`.
+fn peer_client(peer_tls: Option<&rustls::ClientConfig>, timeout: Duration) -> reqwest::Result<reqwest::Client> {
+    let builder = reqwest::Client::builder().timeout(timeout);
+    match peer_tls {
+        Some(tls) => builder.use_preconfigured_tls(tls.clone()).build(),
+        None => builder.build(),
+    }
+}
+
 impl Node {
     /// Opens the storage, starts Raft and, on a new cluster, initializes it once.
     pub async fn start(config: &NodeConfig) -> anyhow::Result<Arc<Node>> {
         let metrics = Metrics::new()?;
         let storage_metrics = StorageMetrics::register(&metrics.registry)?;
         statestore_raft::DiskSpace::register(&metrics.registry, &config.data_dir)?;
-        let storage =
-            statestore_raft::open(&config.data_dir, MachineConfig::default(), storage_metrics, config.restored)?;
+        let peer_tls = match &config.tls {
+            Some(tls) => Some(tls.client_config().context("the TLS settings (--tls-*)")?),
+            None => None,
+        };
+        let mut storage = statestore_raft::open(&config.data_dir, MachineConfig::default(), storage_metrics)?;
+        if config.restored {
+            let mut peers = storage.reader.applied_members().context("reading the applied membership")?;
+            peers.extend(config.initial_members.clone());
+            peers.remove(&config.id);
+            for (id, address) in peers.iter_mut() {
+                if let Some(route) = config.peer_routes.get(id) {
+                    address.clone_from(route);
+                }
+            }
+            let client = peer_client(peer_tls.as_ref(), crate::restore_check::PEER_TIMEOUT)?;
+            crate::restore_check::refuse_if_running(&client, &peers, &storage.backup_names()?).await?;
+            storage = storage.restored()?;
+        }
         let raft_config = openraft::Config {
             cluster_name: "statestore".into(),
             heartbeat_interval: config.heartbeat.as_millis() as u64,
@@ -161,10 +187,6 @@ impl Node {
             identity = identity.restored(backup_names.clone());
         }
         let checks = PeerChecks { me: config.id, clocks: clocks.clone(), identity: Some(identity.clone()) };
-        let peer_tls = match &config.tls {
-            Some(tls) => Some(tls.client_config().context("the TLS settings (--tls-*)")?),
-            None => None,
-        };
         let network = NetworkFactory::new(
             config.heartbeat,
             config.peer_routes.clone(),
@@ -289,11 +311,7 @@ impl Node {
     /// An HTTP client for this node's peers: over TLS with this node's certificate when the
     /// cluster uses TLS. Every request gives up after `timeout`.
     pub fn http_client(&self, timeout: Duration) -> reqwest::Result<reqwest::Client> {
-        let builder = reqwest::Client::builder().timeout(timeout);
-        match &self.peer_tls {
-            Some(tls) => builder.use_preconfigured_tls(tls.clone()).build(),
-            None => builder.build(),
-        }
+        peer_client(self.peer_tls.as_ref(), timeout)
     }
 
     /// Executes a client request through the pipeline: GET and SCAN are read linearizably,

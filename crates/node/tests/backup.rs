@@ -148,6 +148,60 @@ async fn a_node_restarted_before_the_restored_cluster_is_named_goes_on_with_the_
     restart_ordinarily(&mut cluster).await;
 }
 
+/// A node started again with `--restored` once the restore has ended (the flag left in its
+/// environment) would make its directory new storage that no peer has enrolled. It stops instead
+/// with exit code 2, naming the flag, and leaves the directory as it was: started without the
+/// flag it serves as before, with the same storage incarnation.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restored_flag_left_over_stops_the_node_and_changes_nothing() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    cluster.set_anywhere("kept", "yes", Duration::from_secs(10)).await;
+    let leader = cluster.wait_leader().await;
+    let old_name = cluster_name(&cluster, leader).await;
+    let committed = cluster.status(leader).await.unwrap()["committed_index"].as_u64().unwrap();
+    let follower = cluster.running().into_iter().find(|id| *id != leader).unwrap();
+    cluster.wait_applied(follower, committed).await;
+    assert!(cluster.terminate(follower).success());
+    let backup = cluster.dir.path().join("backup");
+    copy_dir(&cluster.nodes[&follower].data_dir, &backup);
+    let leader = restore_everywhere(&mut cluster, &backup).await;
+    wait_named_anew(&cluster, leader, &old_name).await;
+
+    // The restore has ended; a follower restarts with `--restored` still given.
+    let stale = cluster.running().into_iter().find(|id| *id != leader).unwrap();
+    let incarnation = cluster.status(stale).await.unwrap()["incarnation"].clone();
+    assert!(cluster.terminate(stale).success());
+    cluster.spawn(stale);
+    let exit = cluster.wait_exit(stale, Duration::from_secs(20));
+    assert_eq!(exit.and_then(|status| status.code()), Some(2), "{}", cluster.logs());
+    assert!(
+        cluster.logs().contains("--restored (STATESTORE_RESTORED) was given, but node"),
+        "the reason names the flag\n{}",
+        cluster.logs()
+    );
+
+    cluster.nodes.get_mut(&stale).unwrap().args.clear();
+    cluster.spawn(stale);
+    cluster.wait_ready().await;
+    assert_eq!(cluster.status(stale).await.unwrap()["incarnation"], incarnation);
+    writes_reach_every_node(&cluster, leader, "kept", "yes").await;
+
+    // Every node started again with the flag left over at once: no peer serves, so each makes
+    // its own directory new storage, as in a restore, and the cluster is named anew, keys kept.
+    let name = cluster_name(&cluster, leader).await;
+    for id in 1..=3u64 {
+        assert!(cluster.terminate(id).success());
+    }
+    for id in 1..=3u64 {
+        cluster.nodes.get_mut(&id).unwrap().args = vec!["--restored".into()];
+        cluster.spawn(id);
+    }
+    let leader = cluster.wait_leader().await;
+    cluster.wait_ready().await;
+    wait_named_anew(&cluster, leader, &name).await;
+    writes_reach_every_node(&cluster, leader, "kept", "yes").await;
+}
+
 /// The cluster's name as node `id` has applied it, once it has one (the leader names the
 /// cluster within a second of leading).
 async fn cluster_name(cluster: &Cluster, id: u64) -> String {

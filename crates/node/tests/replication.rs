@@ -175,8 +175,7 @@ async fn a_node_stopped_cleanly_leaves_its_applied_state_on_disk() {
 async fn applied_on_disk(data_dir: &std::path::Path) -> (u64, u64) {
     use openraft::storage::{RaftLogStorage, RaftStateMachine};
     let metrics = statestore_raft::StorageMetrics::register(&prometheus::Registry::new()).unwrap();
-    let mut storage =
-        statestore_raft::open(data_dir, statestore_statemachine::Config::default(), metrics, false).unwrap();
+    let mut storage = statestore_raft::open(data_dir, statestore_statemachine::Config::default(), metrics).unwrap();
     let on_disk = storage.state.applied_state().await.unwrap().0.map_or(0, |id| id.index);
     let committed = storage.log.read_committed().await.unwrap().map_or(0, |id| id.index);
     (on_disk, committed)

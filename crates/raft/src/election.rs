@@ -31,7 +31,11 @@
 //! three voters: the cluster has a new leader within a round trip or two, not after a lease and
 //! an election timeout. The other voters still hear the old leader's lease and refuse; they
 //! follow the new leader at its first append. Where the two votes are not a quorum (five voters
-//! or more), or anything fails, the cluster elects a leader as after any leader loss.
+//! or more), the leader first asks the other voters to release its lease (`POST
+//! /raft/release`, [`LeaseRelease`]): each that follows that very leadership grants, for a lease
+//! from then, a candidate's vote request that the lease would have refused (a change to
+//! openraft's vote handling, `crates/openraft/README.md`). Where even they do not make a quorum,
+//! or anything fails, the cluster elects a leader as after any leader loss.
 //!
 //! A node may also be told it must not lead ([`Elector::restrain`], for a [`Restraint`]: while it
 //! cannot reach the broker its clients talk through, while its clock disagrees with the others',
@@ -69,6 +73,8 @@ pub const LAST_RESORT_LEASES: u32 = 10;
 pub const PREVOTE_PATH: &str = "/raft/prevote";
 /// Where a leader that is handing over asks a voter to stand ([`StandRequest`]).
 pub const STAND_PATH: &str = "/raft/stand";
+/// Where a leader that is handing over releases its lease on a voter ([`LeaseRelease`]).
+pub const RELEASE_PATH: &str = "/raft/release";
 
 /// "Would you vote for me now?"
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -99,6 +105,23 @@ pub struct StandRequest {
 pub enum StandResponse {
     /// The voter has asked for votes.
     Standing,
+    /// Why not.
+    Refused(String),
+}
+
+/// "I am handing over: grant my successor your vote before my lease ends." From a leader to
+/// the voters other than its successor, where the two votes alone are not a quorum.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LeaseRelease {
+    /// The leader's vote: the voter releases the lease only if it follows this very leadership.
+    pub vote: Vote,
+}
+
+/// The answer to a [`LeaseRelease`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReleaseResponse {
+    /// For a lease from now, the voter grants a candidate its vote despite that leader's lease.
+    Released,
     /// Why not.
     Refused(String),
 }
@@ -481,15 +504,13 @@ impl Elector {
             }
             if asked.is_none() && state == ServerState::Leader {
                 let (configs, nodes) = self.voters();
-                let pairs_quorum = |id: NodeId| {
-                    id != self.id
-                        && to.is_none_or(|to| to == id)
-                        && has_quorum(&configs, &BTreeSet::from([self.id, id]))
+                let eligible = |id: NodeId| {
+                    id != self.id && to.is_none_or(|to| to == id) && configs.iter().any(|config| config.contains(&id))
                 };
-                if !replication.keys().any(|id| pairs_quorum(*id)) {
-                    return Err("no other voter's vote with this node's makes a quorum".into());
+                if !replication.keys().any(|id| eligible(*id)) {
+                    return Err("no other voter may stand".into());
                 }
-                if !replication.keys().any(|id| pairs_quorum(*id) && !tried.contains(id)) {
+                if !replication.keys().any(|id| eligible(*id) && !tried.contains(id)) {
                     return Err(format!("no voter would stand: asked {tried:?}"));
                 }
                 let last = self.log.last_log_id().map_err(|e| format!("reading the log: {e}"))?;
@@ -499,11 +520,24 @@ impl Elector {
                 let successor = replication
                     .iter()
                     .filter(|_| settled)
-                    .find(|(id, matched)| **matched == last && pairs_quorum(**id) && !tried.contains(*id))
+                    .find(|(id, matched)| **matched == last && eligible(**id) && !tried.contains(*id))
                     .and_then(|(id, _)| nodes.get(id).map(|node| (*id, node)));
                 if let Some((id, node)) = successor {
-                    let request = StandRequest { vote, last_log_id: last };
                     let timeout = self.tick.max(Duration::from_millis(100));
+                    // With more than three voters, the two votes are not a quorum: the others
+                    // must not refuse the successor for this node's lease.
+                    let mut voting = BTreeSet::from([self.id, id]);
+                    if !has_quorum(&configs, &voting) {
+                        let others = configs.iter().flatten().filter(|other| !voting.contains(other));
+                        voting.extend(self.release_lease(others.copied().collect(), &nodes, vote, timeout).await);
+                    }
+                    if !has_quorum(&configs, &voting) {
+                        return Err(format!(
+                            "node {id}'s vote and this node's with those of the voters that released this node's \
+                             lease ({voting:?}) are not a quorum"
+                        ));
+                    }
+                    let request = StandRequest { vote, last_log_id: last };
                     match self.network.ask_to_stand(id, node, &request, timeout).await {
                         Ok(StandResponse::Standing) => asked = Some(id),
                         Ok(StandResponse::Refused(why)) => {
@@ -528,6 +562,56 @@ impl Elector {
             if let Ok(Err(_)) = tokio::time::timeout(wait.min(self.tick), metrics.changed()).await {
                 return Err("Raft has stopped".into());
             }
+        }
+    }
+
+    /// Asks each of `voters` at once to release this leader's lease (its `vote`); the voters
+    /// that did within `timeout`.
+    async fn release_lease(
+        &self,
+        voters: BTreeSet<NodeId>,
+        nodes: &BTreeMap<NodeId, Node>,
+        vote: Vote,
+        timeout: Duration,
+    ) -> BTreeSet<NodeId> {
+        let request = LeaseRelease { vote };
+        let asked = voters.into_iter().filter_map(|id| nodes.get(&id).map(|node| (id, node))).map(|(id, node)| {
+            let request = &request;
+            async move {
+                match self.network.release_lease(id, node, request, timeout).await {
+                    Ok(ReleaseResponse::Released) => Some(id),
+                    Ok(ReleaseResponse::Refused(why)) => {
+                        tracing::info!(peer = id, why, "a voter would not release this leader's lease");
+                        None
+                    }
+                    Err(e) => {
+                        tracing::info!(peer = id, error = %e, "a voter did not answer the lease release");
+                        None
+                    }
+                }
+            }
+        });
+        futures::future::join_all(asked).await.into_iter().flatten().collect()
+    }
+
+    /// Answers a leader's [`LeaseRelease`]: releases its lease where this node follows that
+    /// very leadership.
+    pub async fn answer_release(&self, request: &LeaseRelease) -> ReleaseResponse {
+        let standing = match tokio::time::timeout(self.lease, self.standing()).await {
+            Ok(Some(standing)) => standing,
+            Ok(None) => return ReleaseResponse::Refused("Raft has stopped on this node".into()),
+            Err(_) => return ReleaseResponse::Refused(format!("node {} is too busy to answer", self.id)),
+        };
+        if standing.leading || standing.vote != request.vote || !request.vote.is_committed() {
+            return ReleaseResponse::Refused(format!(
+                "node {} follows {}, not the leadership {}",
+                self.id, standing.vote, request.vote
+            ));
+        }
+        tracing::info!(leader = %request.vote, "the leader is handing over and released its lease");
+        match self.raft.trigger().release_lease(request.vote).await {
+            Ok(()) => ReleaseResponse::Released,
+            Err(e) => ReleaseResponse::Refused(format!("node {}: {e}", self.id)),
         }
     }
 

@@ -198,23 +198,46 @@ pub struct NodeStorage {
     pub reader: StateReader,
     /// The random id this data directory got when it was created ([`identity::incarnation`]).
     pub incarnation: String,
-    /// Opened as a restored backup (`restored`, or a restore begun here before the cluster was
-    /// named anew, [`identity::pending_restore`]): every cluster name the backup holds, the
-    /// applied one and any that an entry of its log not yet applied gives. They all name the
-    /// old cluster ([`identity::PeerIdentity::restored`]).
+    /// Opened as a restored backup ([`NodeStorage::restored`], or a restore begun here before
+    /// the cluster was named anew, [`identity::pending_restore`]): every cluster name the backup
+    /// holds ([`NodeStorage::backup_names`]). They all name the old cluster
+    /// ([`identity::PeerIdentity::restored`]).
     pub restoring: Option<Vec<String>>,
 }
 
+impl NodeStorage {
+    /// Every cluster name this directory holds: the applied one and any that an entry of its log
+    /// not yet applied gives (a copy taken before the node applied the entry that named the
+    /// cluster, or of a node that crashed).
+    pub fn backup_names(&self) -> Result<Vec<String>, OpenError> {
+        let state_error =
+            |detail: String| OpenError::State { path: self.reader.db.path().display().to_string(), detail };
+        let applied = state_store::applied_index(&self.reader.db).map_err(|e| state_error(e.to_string()))?;
+        let mut names: Vec<String> =
+            self.reader.cluster_id().map_err(|e| state_error(e.to_string()))?.into_iter().collect();
+        names.extend(self.log.reader().cluster_names_after(applied).map_err(|e| state_error(e.to_string()))?);
+        Ok(names)
+    }
+
+    /// Makes this directory, a copy of another node's (a restored backup), new storage: a new
+    /// incarnation, and a record (synced) that it waits for the restored cluster's new name,
+    /// which a restart before then keeps to ([`identity::begin_restore`]).
+    pub fn restored(mut self) -> Result<NodeStorage, OpenError> {
+        let names = self.backup_names()?;
+        let db = &self.reader.db;
+        self.incarnation = identity::incarnation(db, true)
+            .map_err(|source| OpenError::Db { path: db.path().display().to_string(), source })?;
+        identity::begin_restore(db, &names)
+            .map_err(|detail| OpenError::State { path: db.path().display().to_string(), detail })?;
+        self.restoring = Some(names);
+        Ok(self)
+    }
+}
+
 /// Opens the storage in `data_dir` (RocksDB in `db/`, the Raft log in `log/`, the latest
-/// snapshot in `snapshots/`).
-/// `restored`: the directory holds a copy of another node's (a restored backup), so it gets a new
-/// incarnation.
-pub fn open(
-    data_dir: &Path,
-    config: Config,
-    metrics: StorageMetrics,
-    restored: bool,
-) -> Result<NodeStorage, OpenError> {
+/// snapshot in `snapshots/`). A restored backup is then made new storage with
+/// [`NodeStorage::restored`].
+pub fn open(data_dir: &Path, config: Config, metrics: StorageMetrics) -> Result<NodeStorage, OpenError> {
     let io_error = |path: &Path| {
         let path = path.display().to_string();
         move |source| OpenError::Io { path, source }
@@ -247,7 +270,7 @@ pub fn open(
         shared.log_bytes.set_snapshot_size(std::fs::metadata(data).map_or(0, |m| m.len()));
     }
     let db_error = |source| OpenError::Db { path: db_path.display().to_string(), source };
-    let incarnation = identity::incarnation(&db, restored).map_err(db_error)?;
+    let incarnation = identity::incarnation(&db, false).map_err(db_error)?;
     let (applied_requests, _) = broadcast::channel(APPLIED_FEED_CAPACITY);
     let machine = StateMachine::new(config);
     let log = LogStore::new(
@@ -283,14 +306,7 @@ pub fn open(
         fsync: shared.fsync.clone(),
     };
     let applied_name = reader.cluster_id().map_err(|e| state_error(e.to_string()))?;
-    let restoring = if restored {
-        let mut names: Vec<String> = applied_name.into_iter().collect();
-        names.extend(log.reader().cluster_names_after(applied).map_err(|e| state_error(e.to_string()))?);
-        identity::begin_restore(&db, &names).map_err(state_error)?;
-        Some(names)
-    } else {
-        identity::pending_restore(&db, applied_name.as_deref()).map_err(state_error)?
-    };
+    let restoring = identity::pending_restore(&db, applied_name.as_deref()).map_err(state_error)?;
     let state = StateStore::new(db, machine, snapshots, metrics, applied_requests, shared);
     Ok(NodeStorage { log, state, reader, incarnation, restoring })
 }
@@ -413,6 +429,12 @@ impl StateReader {
     /// The cluster's name, once applied here.
     pub fn cluster_id(&self) -> Result<Option<String>, StorageError> {
         Ok(self.identity_records()?.cluster_id.clone())
+    }
+
+    /// Every member of the cluster as applied here, with its advertised address.
+    pub fn applied_members(&self) -> Result<BTreeMap<NodeId, String>, StorageError> {
+        let membership = state_store::applied_membership(&self.db).map_err(|e| StorageError::Backend(e.to_string()))?;
+        Ok(membership.membership().nodes().map(|(id, node)| (*id, node.addr.clone())).collect())
     }
 
     /// The storage incarnation enrolled for member `node`.

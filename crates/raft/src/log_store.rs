@@ -677,7 +677,7 @@ mod tests {
 
     fn open_storage(dir: &Path) -> Result<crate::NodeStorage, crate::OpenError> {
         let metrics = StorageMetrics::register(&prometheus::Registry::new()).unwrap();
-        crate::open(dir, statestore_statemachine::Config::default(), metrics, false)
+        crate::open(dir, statestore_statemachine::Config::default(), metrics)
     }
 
     /// A data directory of a version that kept the log in RocksDB: its entries move into the

@@ -3,7 +3,7 @@
 //! votes and snapshots are one HTTP POST each to `/raft/vote` or `/raft/snapshot`. Bodies and
 //! frames are bincode, answers a bincode `Result<response, RaftError>`; the
 //! [`election`](crate::election) pre-votes go to `/raft/prevote`, a stopping leader's request
-//! that a voter stand to `/raft/stand`.
+//! that a voter stand to `/raft/stand`, and its lease releases to `/raft/release`.
 //!
 //! A peer that refuses the connection is `Unreachable`, so openraft backs off instead of
 //! retrying at once. A peer that does not answer within the RPC's deadline is a `Timeout`: it
@@ -38,7 +38,10 @@ use crate::append_stream::{
     read_frame, write_frame, AnswerFrame, AppendFrame, Stamp, APPEND_STREAM_PATH, MAX_ANSWER_BYTES, UPGRADE_PROTOCOL,
 };
 use crate::clocks::{wall_clock_ms, PeerClocks, CLOCK_HEADER, FROM_HEADER};
-use crate::election::{PreVoteRequest, PreVoteResponse, StandRequest, StandResponse, PREVOTE_PATH, STAND_PATH};
+use crate::election::{
+    LeaseRelease, PreVoteRequest, PreVoteResponse, ReleaseResponse, StandRequest, StandResponse, PREVOTE_PATH,
+    RELEASE_PATH, STAND_PATH,
+};
 use crate::identity::{Claims, PeerIdentity, CLUSTER_HEADER, EXPECTED_HEADER, INCARNATION_HEADER};
 use crate::peer_health::PeerHealth;
 use crate::types::{Node, NodeId, TypeConfig};
@@ -210,6 +213,18 @@ impl NetworkFactory {
         timeout: Duration,
     ) -> Result<StandResponse, String> {
         self.ask(target, node, STAND_PATH, request, timeout).await
+    }
+
+    /// Asks `target` to release this leader's lease (this node leads and hands over); an error
+    /// says why it did not answer in `timeout`.
+    pub async fn release_lease(
+        &self,
+        target: NodeId,
+        node: &Node,
+        request: &LeaseRelease,
+        timeout: Duration,
+    ) -> Result<ReleaseResponse, String> {
+        self.ask(target, node, RELEASE_PATH, request, timeout).await
     }
 
     /// One request of the elector's to `target` at `path`, its answer noted in the peers' health.

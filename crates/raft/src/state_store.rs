@@ -114,8 +114,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
     type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), RaftStorageError> {
-        let membership = meta_value(self.db.get_cf(cf(&self.db, Table::Meta.name()), MEMBERSHIP).map_err(read_error)?)?;
-        Ok((last_applied(&self.db)?, membership))
+        Ok((last_applied(&self.db)?, applied_membership(&self.db)?))
     }
 
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<ApplyResult>, RaftStorageError>
@@ -482,6 +481,11 @@ fn last_applied(db: &DB) -> Result<Option<LogId>, RaftStorageError> {
     meta_value(db.get_cf(cf(db, Table::Meta.name()), LAST_APPLIED).map_err(read_error)?)
 }
 
+/// The cluster's membership as the tables have applied it.
+pub(crate) fn applied_membership(db: &DB) -> Result<StoredMembership, RaftStorageError> {
+    meta_value(db.get_cf(cf(db, Table::Meta.name()), MEMBERSHIP).map_err(read_error)?)
+}
+
 /// The log index of the last batch applied to the tables (0 before any).
 pub(crate) fn applied_index(db: &DB) -> Result<u64, RaftStorageError> {
     Ok(last_applied(db)?.map_or(0, |id| id.index))
@@ -621,7 +625,7 @@ mod tests {
 
     fn open(dir: &Path) -> NodeStorage {
         let metrics = StorageMetrics::register(&prometheus::Registry::new()).unwrap();
-        crate::open(dir, Config::default(), metrics, false).unwrap()
+        crate::open(dir, Config::default(), metrics).unwrap()
     }
 
     /// Every record of every state-machine table, but Raft's membership (which an install

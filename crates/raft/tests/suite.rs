@@ -11,7 +11,7 @@ struct RocksBuilder;
 impl StoreBuilder<TypeConfig, LogStore, StateStore, TempDir> for RocksBuilder {
     async fn build(&self) -> Result<(TempDir, LogStore, StateStore), RaftStorageError> {
         let dir = TempDir::new().expect("temp dir");
-        let storage = open(dir.path(), Config::default(), StorageMetrics::new().unwrap(), false).expect("open storage");
+        let storage = open(dir.path(), Config::default(), StorageMetrics::new().unwrap()).expect("open storage");
         Ok((dir, storage.log, storage.state))
     }
 }

@@ -63,6 +63,7 @@ pub fn cluster_status(node: &Node) -> ClusterStatus {
         purged_index: metrics.purged.map_or(0, |id| id.index),
         cluster_id: node.identity.cluster_id(),
         incarnation: node.identity.incarnation.clone(),
+        restoring: node.identity.suspended(),
         enrolled: node.reader.enrollments().unwrap_or_default(),
         not_answering_ms: node
             .peer_health

@@ -3,7 +3,7 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `POST /raft/append`, `/raft/vote`, `/raft/snapshot`, `/raft/prevote`, `/raft/stand` | Raft RPC, bincode bodies ([`raft_rpc`]) |
+//! | `POST /raft/append`, `/raft/vote`, `/raft/snapshot`, `/raft/prevote`, `/raft/stand`, `/raft/release` | Raft RPC, bincode bodies ([`raft_rpc`]) |
 //! | `GET /raft/append/stream` | a leader's appends to this node over one upgraded connection ([`raft_rpc::append_stream`]) |
 //! | `GET /cluster`, `POST /cluster/learners`, `POST /cluster/members`, `POST /cluster/leader` | membership and leadership, JSON ([`cluster`]); a follower forwards changes to the leader ([`forward`]) |
 //! | `GET /health`, `GET /ready`, `GET /metrics` | liveness, readiness, Prometheus ([`cluster`]) |
@@ -52,6 +52,7 @@ pub fn router(node: Arc<Node>, client_certificates: bool) -> Router {
         .route(statestore_raft::network::SNAPSHOT_PATH, post(raft_rpc::snapshot))
         .route(statestore_raft::election::PREVOTE_PATH, post(raft_rpc::prevote))
         .route(statestore_raft::election::STAND_PATH, post(raft_rpc::stand))
+        .route(statestore_raft::election::RELEASE_PATH, post(raft_rpc::release))
         .layer(DefaultBodyLimit::max(RAFT_BODY_LIMIT))
         .route_layer(middleware::from_fn_with_state(node.clone(), raft_rpc::check_peer));
     let command = Router::new()

@@ -134,6 +134,18 @@ pub async fn stand(State(node): State<Arc<Node>>, body: Bytes) -> Response {
     .await
 }
 
+/// A leader handing over releases its lease on this node
+/// ([`statestore_raft::election::Elector::answer_release`]).
+pub async fn release(State(node): State<Arc<Node>>, body: Bytes) -> Response {
+    rpc(body, |request| async move {
+        let elector = node.elector.clone();
+        tokio::spawn(async move { elector.answer_release(&request).await })
+            .await
+            .unwrap_or_else(|e| statestore_raft::election::ReleaseResponse::Refused(format!("the answer failed: {e}")))
+    })
+    .await
+}
+
 /// Opens an appends stream ([`statestore_raft::append_stream`]): answers `101 Switching
 /// Protocols` and serves the connection's frames on a task of its own. The request has passed
 /// the checks of every Raft request by then.

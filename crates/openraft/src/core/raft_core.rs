@@ -1280,6 +1280,10 @@ where
                     ExternalCommand::PurgeLog { upto } => {
                         self.engine.trigger_purge_log(upto);
                     }
+                    ExternalCommand::ReleaseLease { vote } => {
+                        let released = self.engine.release_lease(vote.clone());
+                        tracing::info!(vote = display(&vote), released, "ExternalCommand: release the leader's lease");
+                    }
                 }
             }
         };

@@ -92,6 +92,11 @@ where C: RaftTypeConfig
 
     /// Output entry for the runtime.
     pub(crate) output: EngineOutput<C>,
+
+    /// The leadership whose leader released its lease to hand over (`Engine::release_lease`),
+    /// and when this node heard so: until a lease has passed since then, while this node still
+    /// follows that very vote, a vote request is not refused for that leader's lease.
+    pub(crate) lease_released: Option<(Vote<C::NodeId>, <C::AsyncRuntime as AsyncRuntime>::Instant)>,
 }
 
 impl<C> Engine<C>
@@ -105,6 +110,7 @@ where C: RaftTypeConfig
             config,
             state: Valid::new(init_state),
             seen_greater_log: false,
+            lease_released: None,
             leader: None,
             candidate: None,
             output: EngineOutput::new(4096),
@@ -278,6 +284,17 @@ where C: RaftTypeConfig
         None
     }
 
+    /// The leader of `vote` is handing its leadership over and releases its lease: while this
+    /// node follows that very vote, for a lease from now, it grants a candidate its vote
+    /// without waiting for the lease to end. Ignored unless this node follows `vote`.
+    pub(crate) fn release_lease(&mut self, vote: Vote<C::NodeId>) -> bool {
+        if vote.is_committed() && *self.state.vote_ref() == vote && self.leader.is_none() {
+            self.lease_released = Some((vote, C::now()));
+            return true;
+        }
+        false
+    }
+
     #[tracing::instrument(level = "debug", skip_all)]
     pub(crate) fn handle_vote_req(&mut self, req: VoteRequest<C::NodeId>) -> VoteResponse<C::NodeId> {
         let now = C::now();
@@ -302,7 +319,12 @@ where C: RaftTypeConfig
             vote_utime + lease - now
         );
 
-        if vote.is_committed() {
+        // The leader this node follows released its lease to hand over: its successor may be
+        // elected before the lease ends.
+        let released =
+            self.lease_released.as_ref().is_some_and(|(released, at)| released == vote && now <= *at + lease);
+
+        if vote.is_committed() && !released {
             // Current leader lease has not yet expired, reject voting request
             if now <= vote_utime + lease {
                 tracing::info!(

@@ -4,6 +4,7 @@ use crate::core::raft_msg::external_command::ExternalCommand;
 use crate::error::Fatal;
 use crate::raft::RaftInner;
 use crate::RaftTypeConfig;
+use crate::Vote;
 
 /// Trigger is an interface to trigger an action to RaftCore by external caller.
 ///
@@ -78,5 +79,13 @@ where C: RaftTypeConfig
     /// [`max_in_snapshot_log_to_keep`]: `crate::Config::max_in_snapshot_log_to_keep`
     pub async fn purge_log(&self, upto: u64) -> Result<(), Fatal<C::NodeId>> {
         self.raft_inner.send_external_command(ExternalCommand::PurgeLog { upto }, "purge_log").await
+    }
+
+    /// The leader of `vote` hands its leadership over and releases its lease: while this node
+    /// follows that very vote, for one leader lease from now, it grants a candidate's vote
+    /// request without waiting for the lease to end. Ignored when this node does not follow
+    /// `vote` (or leads). Returns at once.
+    pub async fn release_lease(&self, vote: Vote<C::NodeId>) -> Result<(), Fatal<C::NodeId>> {
+        self.raft_inner.send_external_command(ExternalCommand::ReleaseLease { vote }, "release_lease").await
     }
 }

@@ -5,6 +5,7 @@ use std::fmt;
 use crate::core::raft_msg::ResultSender;
 use crate::RaftTypeConfig;
 use crate::Snapshot;
+use crate::Vote;
 
 /// Application-triggered Raft actions for testing and administration.
 ///
@@ -31,6 +32,10 @@ pub(crate) enum ExternalCommand<C: RaftTypeConfig> {
     ///
     /// [`max_in_snapshot_log_to_keep`]: `crate::Config::max_in_snapshot_log_to_keep`
     PurgeLog { upto: u64 },
+
+    /// The leader of `vote` releases its lease to hand its leadership over: this node, while it
+    /// follows that vote, grants a candidate its vote before the lease ends.
+    ReleaseLease { vote: Vote<C::NodeId> },
 }
 
 impl<C> fmt::Debug for ExternalCommand<C>
@@ -60,6 +65,9 @@ where C: RaftTypeConfig
             }
             ExternalCommand::PurgeLog { upto } => {
                 write!(f, "PurgeLog[..={}]", upto)
+            }
+            ExternalCommand::ReleaseLease { vote } => {
+                write!(f, "ReleaseLease[{}]", vote)
             }
         }
     }
