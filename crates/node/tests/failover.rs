@@ -186,14 +186,7 @@ async fn a_leader_stopped_with_sigterm_hands_leadership_over() {
 
     tokio::time::sleep(Duration::from_secs(2)).await;
     let leader = cluster.wait_leader().await;
-    let elections = |text: &str, reason: &str| {
-        metric(text, &format!("statestore_elections_started_total{{reason=\"{reason}\"}}")).unwrap_or(0.0)
-    };
-    let mut before = BTreeMap::new();
-    for id in cluster.running().into_iter().filter(|id| *id != leader) {
-        let text = cluster.metrics(id).await;
-        before.insert(id, (elections(&text, "handover"), elections(&text, "prevote")));
-    }
+    let before = election_counts(&cluster, leader).await;
     // A request to stand that does not come from the leadership a voter follows is refused,
     // and so is one from that leadership whose log goes beyond the voter's.
     let follower = before.keys().copied().next().unwrap();
@@ -218,20 +211,7 @@ async fn a_leader_stopped_with_sigterm_hands_leadership_over() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let calls = writers.stop().await;
 
-    let log = std::fs::read_to_string(&cluster.nodes[&leader].log).unwrap();
-    assert!(
-        log.contains(&format!("handed leadership over to node {successor}")),
-        "the stopping leader handed over to node {successor}:\n{log}"
-    );
-    let text = cluster.metrics(successor).await;
-    let (handovers, prevotes) = before[&successor];
-    assert_eq!(
-        elections(&text, "handover"),
-        handovers + 1.0,
-        "node {successor} stood at the leader's request\n{}",
-        cluster.logs()
-    );
-    assert_eq!(elections(&text, "prevote"), prevotes, "node {successor} did not wait out a lease for a pre-vote");
+    assert_handed_over(&cluster, leader, successor, &before).await;
 
     let (first, gap) = every_call_succeeded(&calls, stopped_at, &cluster);
     eprintln!("the leader stopped in {stopped_in:?}; first answer {first:?} after the SIGTERM, longest gap {gap:?}");
@@ -249,14 +229,7 @@ async fn a_stopping_leader_of_five_voters_hands_leadership_over() {
     let writers = SdkWriters::start(&broker, 2).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let leader = cluster.wait_leader().await;
-    let elections = |text: &str, reason: &str| {
-        metric(text, &format!("statestore_elections_started_total{{reason=\"{reason}\"}}")).unwrap_or(0.0)
-    };
-    let mut before = BTreeMap::new();
-    for id in cluster.running().into_iter().filter(|id| *id != leader) {
-        let text = cluster.metrics(id).await;
-        before.insert(id, (elections(&text, "handover"), elections(&text, "prevote")));
-    }
+    let before = election_counts(&cluster, leader).await;
 
     let stopped_at = Instant::now();
     let status = cluster.terminate(leader);
@@ -267,6 +240,32 @@ async fn a_stopping_leader_of_five_voters_hands_leadership_over() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let calls = writers.stop().await;
 
+    assert_handed_over(&cluster, leader, successor, &before).await;
+    let (first, gap) = every_call_succeeded(&calls, stopped_at, &cluster);
+    eprintln!(
+        "the leader stopped in {stopped_in:?}; node {successor} led {elected_in:?} after the SIGTERM; \
+         first answer {first:?} after it, longest gap {gap:?}"
+    );
+}
+
+/// Each voter but `leader`: how many elections it started at a leader's request and after a
+/// pre-vote.
+async fn election_counts(cluster: &Cluster, leader: u64) -> BTreeMap<u64, (f64, f64)> {
+    let mut counts = BTreeMap::new();
+    for id in cluster.running().into_iter().filter(|id| *id != leader) {
+        let text = cluster.metrics(id).await;
+        counts.insert(id, (elections(&text, "handover"), elections(&text, "prevote")));
+    }
+    counts
+}
+
+fn elections(metrics: &str, reason: &str) -> f64 {
+    metric(metrics, &format!("statestore_elections_started_total{{reason=\"{reason}\"}}")).unwrap_or(0.0)
+}
+
+/// The stopped `leader` says it handed over to `successor`, which stood at its request once
+/// (`before`: [`election_counts`] before the stop) without waiting out a lease for a pre-vote.
+async fn assert_handed_over(cluster: &Cluster, leader: u64, successor: u64, before: &BTreeMap<u64, (f64, f64)>) {
     let log = std::fs::read_to_string(&cluster.nodes[&leader].log).unwrap();
     assert!(
         log.contains(&format!("handed leadership over to node {successor}")),
@@ -281,11 +280,6 @@ async fn a_stopping_leader_of_five_voters_hands_leadership_over() {
         cluster.logs()
     );
     assert_eq!(elections(&text, "prevote"), prevotes, "node {successor} did not wait out a lease for a pre-vote");
-    let (first, gap) = every_call_succeeded(&calls, stopped_at, &cluster);
-    eprintln!(
-        "the leader stopped in {stopped_in:?}; node {successor} led {elected_in:?} after the SIGTERM; \
-         first answer {first:?} after it, longest gap {gap:?}"
-    );
 }
 
 /// SDK clients writing new keys in a loop, each call recorded.
