@@ -89,10 +89,6 @@ async fn serve(config: NodeConfig) -> anyhow::Result<()> {
     statestore_node::logs::init(filter, config.log_json);
     let result = server::run(config, server::signal()).await;
     if let Err(e) = &result {
-        if e.chain().any(|cause| cause.is::<OldClusterRunning>()) {
-            eprintln!("statestore: {e:#}");
-            std::process::exit(EXIT_CONFIG);
-        }
         if server::is_damaged_storage(e) {
             tracing::error!(error = format!("{e:#}"), "damaged storage");
         }
