@@ -128,10 +128,21 @@ async fn a_node_restarted_before_the_restored_cluster_is_named_goes_on_with_the_
     cluster.nodes.get_mut(&1).unwrap().args = vec!["--restored".into()];
     cluster.spawn(1);
     let until = std::time::Instant::now() + Duration::from_secs(10);
-    while cluster.status(1).await.is_none() {
+    let status = loop {
+        if let Some(status) = cluster.status(1).await {
+            break status;
+        }
         assert!(std::time::Instant::now() < until, "node 1 did not start\n{}", cluster.logs());
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
+    assert_eq!(status["restoring"], true, "GET /cluster says the node is restoring: {status}");
+    let human = std::process::Command::new(cli())
+        .args(["--endpoint", &cluster.url(1), "cluster", "status"])
+        .env_remove("STATESTORE_ENDPOINTS")
+        .output()
+        .unwrap();
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(human.contains("restoring: runs on a restored backup"), "cluster status says so:\n{human}");
     cluster.kill(1);
     // It comes back without the flag; the others start with it.
     cluster.nodes.get_mut(&1).unwrap().args.clear();

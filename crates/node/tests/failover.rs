@@ -248,6 +248,115 @@ async fn a_stopping_leader_of_five_voters_hands_leadership_over() {
     );
 }
 
+/// Five voters, one of them paused (SIGSTOP): it cannot answer the stopping leader's lease
+/// release, but the two other voters release the lease, and with the successor's vote and the
+/// leader's they are a quorum. The leader hands over all the same, and every SDK call made
+/// meanwhile succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopping_leader_of_five_voters_hands_over_while_a_voter_is_paused() {
+    let broker = Broker::start();
+    let mut cluster = Cluster::start(5, &["--broker", &broker.address()]).await;
+    cluster.wait_ready().await;
+    let writers = SdkWriters::start(&broker, 2).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leader = cluster.wait_leader().await;
+    let before = election_counts(&cluster, leader).await;
+    let paused = *cluster.running().iter().find(|id| **id != leader).unwrap();
+    cluster.signal(paused, "STOP");
+    // The paused voter falls behind the writes, so it is not the one asked to stand.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let stopped_at = Instant::now();
+    let status = cluster.terminate(leader);
+    assert!(status.success(), "the leader stopped cleanly: {status:?}\n{}", cluster.logs());
+    let awake: Vec<u64> = cluster.running().into_iter().filter(|id| *id != paused).collect();
+    let successor = leader_among(&cluster, &awake).await;
+    let elected_in = stopped_at.elapsed();
+    cluster.signal(paused, "CONT");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let calls = writers.stop().await;
+
+    let log = std::fs::read_to_string(&cluster.nodes[&leader].log).unwrap();
+    let unanswered = log
+        .lines()
+        .find(|line| line.contains("did not answer the lease release"))
+        .unwrap_or_else(|| panic!("the paused voter did not answer the lease release:\n{log}"));
+    assert!(unanswered.contains(&format!("peer={paused}")), "{unanswered}");
+    assert_handed_over(&cluster, leader, successor, &before).await;
+    assert_eq!(cluster.wait_leader().await, successor, "the resumed voter follows node {successor}");
+    let (first, gap) = every_call_succeeded(&calls, stopped_at, &cluster);
+    eprintln!(
+        "node {successor} led {elected_in:?} after the SIGTERM, node {paused} paused; first answer {first:?} \
+         after it, longest gap {gap:?}"
+    );
+}
+
+/// Waits until one of `ids` leads and the others of them say so; returns it.
+async fn leader_among(cluster: &Cluster, ids: &[u64]) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut leaders = Vec::new();
+        for id in ids {
+            leaders.push(cluster.status(*id).await.and_then(|status| status["leader"]["id"].as_u64()));
+        }
+        if let Some(Some(leader)) = leaders.first() {
+            if leaders.iter().all(|l| *l == Some(*leader)) && ids.contains(leader) {
+                return *leader;
+            }
+        }
+        assert!(Instant::now() < deadline, "no agreed leader among {ids:?}: {leaders:?}\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Two voters that lose their leader at the same moment may both win a pre-vote (each grants
+/// the other's) and stand within a moment of each other. Election timeouts drawn from a range of
+/// 2 ms and a 5 ms heartbeat make the survivors of a leader killed with SIGKILL stand within a few
+/// milliseconds of each other, and threads spinning on every core stretch the moment between a
+/// voter's last look at its vote and its standing. Each kill must cost one term: a voter that
+/// granted the other's vote in that moment and stood all the same would raise the term again and
+/// unseat the leader just elected (another lease and election timeout without one).
+#[tokio::test(flavor = "multi_thread")]
+async fn voters_that_lose_their_leader_together_elect_one_in_one_term() {
+    let timing = ["--heartbeat-ms", "5", "--election-min-ms", "200", "--election-max-ms", "202"];
+    let mut cluster = Cluster::start(3, &timing).await;
+    cluster.wait_ready().await;
+    let spinning = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let spinners: Vec<_> = (0..std::thread::available_parallelism().map_or(2, |n| n.get()) * 2)
+        .map(|_| {
+            let spinning = spinning.clone();
+            std::thread::spawn(move || {
+                while spinning.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let mut terms = Vec::new();
+    for _ in 0..24 {
+        let leader = cluster.wait_leader().await;
+        let term = cluster.status(leader).await.unwrap()["term"].as_u64().unwrap();
+        let killed_at = Instant::now();
+        cluster.kill(leader);
+        let successor = cluster.wait_leader().await;
+        let elected_in = killed_at.elapsed();
+        let new_term = cluster.status(successor).await.unwrap()["term"].as_u64().unwrap();
+        terms.push((term, new_term, elected_in));
+        cluster.spawn(leader);
+        cluster.wait_ready().await;
+    }
+    spinning.store(false, std::sync::atomic::Ordering::Relaxed);
+    for spinner in spinners {
+        spinner.join().unwrap();
+    }
+    eprintln!("terms before and after each kill, and the time to a new leader: {terms:?}");
+    assert!(
+        terms.iter().all(|(before, after, _)| after - before == 1),
+        "every leader loss cost one election: {terms:?}\n{}",
+        cluster.logs()
+    );
+}
+
 /// Each voter but `leader`: how many elections it started at a leader's request and after a
 /// pre-vote.
 async fn election_counts(cluster: &Cluster, leader: u64) -> BTreeMap<u64, (f64, f64)> {

@@ -424,9 +424,13 @@ impl Elector {
             } else {
                 tracing::info!(since_leader_ms = ?standing.since_leader.map(|d| d.as_millis()), "won a pre-vote; standing for election");
             }
-            self.metrics.elections.with_label_values(&["prevote"]).inc();
-            if self.raft.trigger().elect().await.is_err() {
-                return;
+            // The vote must still be the one looked at: a vote granted in the moment since (to
+            // a voter that stood at about the same time) or a new leader heard from would
+            // otherwise be unseated by this node's higher term.
+            match self.raft.trigger().elect_if(now.vote).await {
+                Ok(true) => self.metrics.elections.with_label_values(&["prevote"]).inc(),
+                Ok(false) => tracing::info!("won a pre-vote, but this node's vote changed as it stood; not standing"),
+                Err(_) => return,
             }
         }
     }
@@ -464,9 +468,12 @@ impl Elector {
             Ok(_) => {}
         }
         tracing::info!(leader = %request.vote, "the leader is stopping and asked this node to stand; standing for election");
-        self.metrics.elections.with_label_values(&["handover"]).inc();
-        match self.raft.trigger().elect().await {
-            Ok(()) => StandResponse::Standing,
+        match self.raft.trigger().elect_if(standing.vote).await {
+            Ok(true) => {
+                self.metrics.elections.with_label_values(&["handover"]).inc();
+                StandResponse::Standing
+            }
+            Ok(false) => refuse(format!("node {}'s vote changed as it stood", self.id)),
             Err(e) => StandResponse::Refused(format!("node {}: {e}", self.id)),
         }
     }

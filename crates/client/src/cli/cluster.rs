@@ -334,6 +334,13 @@ async fn status(out: &Output, http: &Http) -> Outcome {
                     view.committed_index,
                     view.applied_index,
                 ));
+                if view.restoring {
+                    text.push_str(&format!(
+                        "\n{:<28} restoring: runs on a restored backup and waits for the new cluster's first leader \
+                         to name it",
+                        ""
+                    ));
+                }
                 if !view.not_answering_ms.is_empty() {
                     let peers: Vec<String> = view
                         .not_answering_ms

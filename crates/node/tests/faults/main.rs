@@ -33,7 +33,8 @@
 //!
 //! `cargo test --release -p statestore-node --test faults` runs the short mode (150 s);
 //! `FAULTS_SECS=1800` runs the long one; `FAULTS_KINDS=pause,kill` picks the faults;
-//! `FAULTS_KEEP_LOGS=DIR` keeps every node's log there.
+//! `FAULTS_KEEP_LOGS=DIR` keeps every node's log there; `FAULTS_LONG_GAP_MS` (2000) is how long
+//! a cycle without any answer must be to be named in the report.
 
 mod checker;
 #[path = "../common/mod.rs"]
@@ -618,7 +619,7 @@ fn longest_silence(answers: &[u64], from: u64, to: u64) -> u64 {
     longest.max(to - last) / 1000
 }
 
-/// A fault cycle this long without any answer is named in the report.
+/// A fault cycle this long without any answer is named in the report (`FAULTS_LONG_GAP_MS`).
 const LONG_GAP_MS: u64 = 2_000;
 
 /// Copies every node's log (all its runs) into `dir`, as `node-<id>.log`.
@@ -671,9 +672,18 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
         let fault = kinds[round % kinds.len()];
         round += 1;
         let from = started.elapsed().as_micros() as u64;
+        // The time of day (UTC) as the node logs give it.
+        let day_ms = common::now_ms() % 86_400_000;
+        let clock = format!(
+            "{:02}:{:02}:{:02}.{:03}",
+            day_ms / 3_600_000,
+            day_ms / 60_000 % 60,
+            day_ms / 1000 % 60,
+            day_ms % 1000
+        );
         let what = rig.inject(fault).await;
         let healed = started.elapsed().as_micros() as u64;
-        println!("{:6.1} s  {:<18} {what}", from as f64 / 1e6, fault.name());
+        println!("{:6.1} s  {clock}  {:<18} {what}", from as f64 / 1e6, fault.name());
         faults.push((fault, from, healed));
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
@@ -750,10 +760,11 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
     answers.sort_unstable();
     let mut gaps: BTreeMap<Fault, Vec<u64>> = BTreeMap::new();
     let mut long_gaps = Vec::new();
+    let long_gap_ms = std::env::var("FAULTS_LONG_GAP_MS").ok().and_then(|s| s.parse().ok()).unwrap_or(LONG_GAP_MS);
     for (i, (fault, from, _)) in faults.iter().enumerate() {
         let until = faults.get(i + 1).map_or(ended, |next| next.1);
         let gap = longest_silence(&answers, *from, until);
-        if gap >= LONG_GAP_MS {
+        if gap >= long_gap_ms {
             long_gaps.push(format!("{:.1} s {} ({gap} ms)", *from as f64 / 1e6, fault.name()));
         }
         gaps.entry(*fault).or_default().push(gap);
@@ -777,7 +788,7 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
         println!("{:<18} {:>6} {:>22} {:>18}", fault.name(), values.len(), median(values), max);
     }
     if !long_gaps.is_empty() {
-        println!("{LONG_GAP_MS} ms or more without an answer after: {}", long_gaps.join(", "));
+        println!("{long_gap_ms} ms or more without an answer after: {}", long_gaps.join(", "));
     }
     if let Ok(dir) = std::env::var("FAULTS_KEEP_LOGS") {
         keep_logs(&rig.cluster, std::path::Path::new(&dir));

@@ -1266,6 +1266,24 @@ where
                             // Node is switched to learner.
                         }
                     }
+                    ExternalCommand::ElectIf { vote, tx } => {
+                        // A vote granted (or a leader heard from with a new vote) since the caller
+                        // looked: standing now would raise the term past the candidate or leader
+                        // this node has just accepted, and unseat it.
+                        let elect = self.engine.leader.is_none()
+                            && self.engine.state.vote_ref() == &vote
+                            && self.engine.state.membership_state.effective().is_voter(&self.id);
+                        if elect {
+                            self.engine.elect();
+                        } else {
+                            tracing::info!(
+                                given = display(&vote),
+                                vote = display(self.engine.state.vote_ref()),
+                                "ExternalCommand: not a voter, leading, or the vote changed; ignore election trigger"
+                            );
+                        }
+                        let _ = tx.send(Ok(elect));
+                    }
                     ExternalCommand::Heartbeat => {
                         self.send_heartbeat("ExternalCommand");
                     }

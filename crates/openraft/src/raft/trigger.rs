@@ -1,7 +1,10 @@
 //! Trigger an action to RaftCore by external caller.
 
 use crate::core::raft_msg::external_command::ExternalCommand;
+use crate::core::raft_msg::RaftMsg;
 use crate::error::Fatal;
+use crate::error::RaftError;
+use crate::AsyncRuntime;
 use crate::raft::RaftInner;
 use crate::RaftTypeConfig;
 use crate::Vote;
@@ -45,6 +48,18 @@ where C: RaftTypeConfig
     /// It is not affected by `Raft::enable_elect(false)`.
     pub async fn elect(&self) -> Result<(), Fatal<C::NodeId>> {
         self.raft_inner.send_external_command(ExternalCommand::Elect, "trigger_elect").await
+    }
+
+    /// Trigger an election at once if this node's vote is still `vote` and it does not lead:
+    /// true if it did. The check and the election are one step of the core, so a vote request
+    /// granted or an append accepted after the caller read `vote` keeps this node from standing
+    /// against the candidate or leader it has just accepted.
+    ///
+    /// Returns error when RaftCore has [`Fatal`] error, e.g. shut down or having storage error.
+    pub async fn elect_if(&self, vote: Vote<C::NodeId>) -> Result<bool, RaftError<C::NodeId>> {
+        let (tx, rx) = C::AsyncRuntime::oneshot();
+        let cmd = ExternalCommand::ElectIf { vote, tx };
+        self.raft_inner.call_core(RaftMsg::ExternalCommand { cmd }, rx).await
     }
 
     /// Trigger a heartbeat at once and return at once.

@@ -17,6 +17,10 @@ pub(crate) enum ExternalCommand<C: RaftTypeConfig> {
     /// Initiate an election at once.
     Elect,
 
+    /// Initiate an election at once if this node's vote is still `vote` and it does not lead;
+    /// answers whether it did.
+    ElectIf { vote: Vote<C::NodeId>, tx: ResultSender<C, bool> },
+
     /// Send a heartbeat message, only if the node is leader, or it will be ignored.
     Heartbeat,
 
@@ -53,6 +57,9 @@ where C: RaftTypeConfig
         match self {
             ExternalCommand::Elect => {
                 write!(f, "Elect")
+            }
+            ExternalCommand::ElectIf { vote, .. } => {
+                write!(f, "ElectIf[{}]", vote)
             }
             ExternalCommand::Heartbeat => {
                 write!(f, "Heartbeat")
