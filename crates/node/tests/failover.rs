@@ -178,15 +178,7 @@ async fn sdk_clients_ride_through_a_leader_kill_and_restart() {
 /// would hold after the leader's lease, and every SDK call made meanwhile succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_leader_stopped_with_sigterm_hands_leadership_over() {
-    let broker = Broker::start();
-    let mut cluster = Cluster::start(3, &["--broker", &broker.address()]).await;
-    cluster.wait_ready().await;
-
-    let writers = SdkWriters::start(&broker, 2).await;
-
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let leader = cluster.wait_leader().await;
-    let before = election_counts(&cluster, leader).await;
+    let (_broker, mut cluster, writers, leader, before) = writing_cluster(3).await;
     // A request to stand that does not come from the leadership a voter follows is refused,
     // and so is one from that leadership whose log goes beyond the voter's.
     let follower = before.keys().copied().next().unwrap();
@@ -223,13 +215,7 @@ async fn a_leader_stopped_with_sigterm_hands_leadership_over() {
 /// pre-vote and election timeout of a leader loss, and every SDK call made meanwhile succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stopping_leader_of_five_voters_hands_leadership_over() {
-    let broker = Broker::start();
-    let mut cluster = Cluster::start(5, &["--broker", &broker.address()]).await;
-    cluster.wait_ready().await;
-    let writers = SdkWriters::start(&broker, 2).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let leader = cluster.wait_leader().await;
-    let before = election_counts(&cluster, leader).await;
+    let (_broker, mut cluster, writers, leader, before) = writing_cluster(5).await;
 
     let stopped_at = Instant::now();
     let status = cluster.terminate(leader);
@@ -254,13 +240,7 @@ async fn a_stopping_leader_of_five_voters_hands_leadership_over() {
 /// meanwhile succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stopping_leader_of_five_voters_hands_over_while_a_voter_is_paused() {
-    let broker = Broker::start();
-    let mut cluster = Cluster::start(5, &["--broker", &broker.address()]).await;
-    cluster.wait_ready().await;
-    let writers = SdkWriters::start(&broker, 2).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let leader = cluster.wait_leader().await;
-    let before = election_counts(&cluster, leader).await;
+    let (_broker, mut cluster, writers, leader, before) = writing_cluster(5).await;
     let paused = *cluster.running().iter().find(|id| **id != leader).unwrap();
     cluster.signal(paused, "STOP");
     // The paused voter falls behind the writes, so it is not the one asked to stand.
@@ -355,6 +335,19 @@ async fn voters_that_lose_their_leader_together_elect_one_in_one_term() {
         "every leader loss cost one election: {terms:?}\n{}",
         cluster.logs()
     );
+}
+
+/// A broker, a cluster of `voters` and two SDK writers that have written for 2 s; the leader
+/// and [`election_counts`] as the handover tests start.
+async fn writing_cluster(voters: u64) -> (Broker, Cluster, SdkWriters, u64, BTreeMap<u64, (f64, f64)>) {
+    let broker = Broker::start();
+    let cluster = Cluster::start(voters, &["--broker", &broker.address()]).await;
+    cluster.wait_ready().await;
+    let writers = SdkWriters::start(&broker, 2).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leader = cluster.wait_leader().await;
+    let before = election_counts(&cluster, leader).await;
+    (broker, cluster, writers, leader, before)
 }
 
 /// Each voter but `leader`: how many elections it started at a leader's request and after a
