@@ -15,8 +15,11 @@
 //! the candidate's log is at least as up to date as its own: the checks of a real vote, without
 //! changing its term or its vote. Only with a yes from a quorum (of every configuration of a
 //! joint membership, itself included) does the candidate call [`openraft::Raft::trigger`]'s
-//! `elect`. A voter that cannot reach a quorum never raises its term, so when it comes back it
-//! simply follows.
+//! `elect_if` with the vote it looked at last (a change to openraft, `crates/openraft/README.md`):
+//! the core stands only if that vote is still its own, so a vote granted in the moment between
+//! (to a voter that stood at about the same time) keeps it from raising the term past that
+//! voter and unseating it. A voter that cannot reach a quorum never raises its term, so when it
+//! comes back it simply follows.
 //!
 //! A candidate whose clock disagrees with most voters' clocks as the pre-vote's answers show them
 //! (beyond the bound of [`crate::clocks::PeerClocks`]) does not stand either, but as a last
