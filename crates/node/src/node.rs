@@ -146,17 +146,12 @@ impl Node {
         };
         let mut storage = statestore_raft::open(&config.data_dir, MachineConfig::default(), storage_metrics)?;
         if config.restored {
-            let mut peers = storage.reader.applied_members().context("reading the applied membership")?;
-            peers.extend(config.initial_members.clone());
-            peers.remove(&config.id);
-            for (id, address) in peers.iter_mut() {
-                if let Some(route) = config.peer_routes.get(id) {
-                    address.clone_from(route);
-                }
-            }
+            let members = storage.reader.applied_members().context("reading the applied membership")?;
+            let peers = crate::restore_check::peers(config, members);
             let client = peer_client(peer_tls.as_ref(), crate::restore_check::PEER_TIMEOUT)?;
-            crate::restore_check::refuse_if_running(&client, &peers, &storage.backup_names()?).await?;
-            storage = storage.restored()?;
+            let names = storage.backup_names()?;
+            crate::restore_check::refuse_if_running(&client, &peers, &names).await?;
+            storage = storage.restored(names)?;
         }
         let raft_config = openraft::Config {
             cluster_name: "statestore".into(),

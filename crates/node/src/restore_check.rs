@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use statestore_raft::NodeId;
 
+use crate::config::NodeConfig;
+
 /// How long each peer may take to say what it serves. A peer that does not answer is taken for
 /// stopped, as every node of a cluster being restored is.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(1);
@@ -28,6 +30,20 @@ pub struct OldClusterRunning {
     pub peer: NodeId,
     pub address: String,
     pub name: String,
+}
+
+/// The peers to ask, each at the address this node reaches it by: the `members` the directory
+/// has applied and `--initial-members`, `--peer-routes` applied, this node left out.
+pub fn peers(config: &NodeConfig, members: BTreeMap<NodeId, String>) -> BTreeMap<NodeId, String> {
+    let mut peers = members;
+    peers.extend(config.initial_members.clone());
+    peers.remove(&config.id);
+    for (id, address) in peers.iter_mut() {
+        if let Some(route) = config.peer_routes.get(id) {
+            address.clone_from(route);
+        }
+    }
+    peers
 }
 
 /// Asks every peer (`peers`: id to address, this node left out) what it serves; an error if one

@@ -221,9 +221,9 @@ impl NodeStorage {
 
     /// Makes this directory, a copy of another node's (a restored backup), new storage: a new
     /// incarnation, and a record (synced) that it waits for the restored cluster's new name,
-    /// which a restart before then keeps to ([`identity::begin_restore`]).
-    pub fn restored(mut self) -> Result<NodeStorage, OpenError> {
-        let names = self.backup_names()?;
+    /// which a restart before then keeps to ([`identity::begin_restore`]). `names`: what
+    /// [`NodeStorage::backup_names`] read.
+    pub fn restored(mut self, names: Vec<String>) -> Result<NodeStorage, OpenError> {
         let db = &self.reader.db;
         self.incarnation = identity::incarnation(db, true)
             .map_err(|source| OpenError::Db { path: db.path().display().to_string(), source })?;

@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use statestore_raft::append_stream::{read_frame, write_frame, AnswerFrame, ReceivedAppend, UPGRADE_PROTOCOL};
 use statestore_raft::clocks::{wall_clock_ms, CLOCK_HEADER, FROM_HEADER};
+use statestore_raft::election::{PreVoteResponse, ReleaseResponse, StandResponse};
 use statestore_raft::identity::{Claims, CLUSTER_HEADER, EXPECTED_HEADER, INCARNATION_HEADER};
 use statestore_raft::wire::{decode, encode, CONTENT_TYPE};
 use tokio::io::{AsyncRead, AsyncWrite, BufStream};
@@ -109,14 +110,20 @@ pub async fn snapshot(State(node): State<Arc<Node>>, body: Bytes) -> Response {
     rpc(body, |request| async move { node.snapshot_receiver.receive(&node.raft, request).await }).await
 }
 
+/// Runs an elector's `answer` on its own task: a caller that stops waiting must not cut it off
+/// midway (openraft logs a cut-off answer as an error; an election must not stop halfway). A
+/// task that failed is `refused`, with why.
+async fn on_own_task<R: Send + 'static>(
+    answer: impl Future<Output = R> + Send + 'static,
+    refused: impl FnOnce(String) -> R,
+) -> R {
+    tokio::spawn(answer).await.unwrap_or_else(|e| refused(format!("the answer failed: {e}")))
+}
+
 pub async fn prevote(State(node): State<Arc<Node>>, body: Bytes) -> Response {
     rpc(body, |request| async move {
-        // On its own task: a candidate that stopped waiting must not cut openraft's answer off
-        // (openraft logs that as an error).
         let elector = node.elector.clone();
-        tokio::spawn(async move { elector.answer(&request).await }).await.unwrap_or_else(|e| {
-            statestore_raft::election::PreVoteResponse::Refused(format!("the pre-vote answer failed: {e}"))
-        })
+        on_own_task(async move { elector.answer(&request).await }, PreVoteResponse::Refused).await
     })
     .await
 }
@@ -125,11 +132,8 @@ pub async fn prevote(State(node): State<Arc<Node>>, body: Bytes) -> Response {
 /// ([`statestore_raft::election::Elector::answer_stand`]).
 pub async fn stand(State(node): State<Arc<Node>>, body: Bytes) -> Response {
     rpc(body, |request| async move {
-        // On its own task, as a pre-vote's answer: the election must not be cut off midway.
         let elector = node.elector.clone();
-        tokio::spawn(async move { elector.answer_stand(&request).await })
-            .await
-            .unwrap_or_else(|e| statestore_raft::election::StandResponse::Refused(format!("the answer failed: {e}")))
+        on_own_task(async move { elector.answer_stand(&request).await }, StandResponse::Refused).await
     })
     .await
 }
@@ -139,9 +143,7 @@ pub async fn stand(State(node): State<Arc<Node>>, body: Bytes) -> Response {
 pub async fn release(State(node): State<Arc<Node>>, body: Bytes) -> Response {
     rpc(body, |request| async move {
         let elector = node.elector.clone();
-        tokio::spawn(async move { elector.answer_release(&request).await })
-            .await
-            .unwrap_or_else(|e| statestore_raft::election::ReleaseResponse::Refused(format!("the answer failed: {e}")))
+        on_own_task(async move { elector.answer_release(&request).await }, ReleaseResponse::Refused).await
     })
     .await
 }
