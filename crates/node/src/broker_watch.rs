@@ -103,7 +103,7 @@ pub(crate) async fn follow_broker(node: Arc<Node>, mut connected: watch::Receive
                             "node {} has lost its broker connection and hands leadership over; try again shortly",
                             node.id
                         );
-                        node.hand_over_to(peer, why).await;
+                        node.hand_over_to(Some(peer), why, statestore_raft::Handover::Settled).await;
                         Handover::Since(Instant::now())
                     }
                     None => Handover::AskAgainAt(Instant::now() + lease),
@@ -174,7 +174,7 @@ pub(crate) async fn without_broker(node: Arc<Node>) {
                         );
                         let why =
                             format!("node {} has no broker and hands leadership over; try again shortly", node.id);
-                        node.hand_over_to(peer, why).await;
+                        node.hand_over_to(Some(peer), why, statestore_raft::Handover::Settled).await;
                         Some(Instant::now())
                     }
                     _ => None,

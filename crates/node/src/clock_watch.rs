@@ -112,6 +112,7 @@ pub(crate) async fn follow_clocks(node: Arc<Node>, check: ClockCheck, every: Dur
         every,
         "this node's clock disagrees with the others'",
         "this node's clock agrees with the others' again",
+        None,
         disagrees,
     )
     .await;

@@ -4,13 +4,18 @@
 //! has flushed (`crates/openraft`, its README), so a disk that stops returning from fsync no
 //! longer stops its heartbeats: the followers would go on hearing a leader that cannot commit
 //! anything, and every write would wait. So while a leader's Raft log fsync has run longer than
-//! `--max-log-fsync-ms`, it hands leadership over as a leader with a bad clock does
-//! ([`crate::clock_watch`]): it stops its heartbeats and refuses new work, the others elect one
-//! of themselves after their lease, and it follows (its core waits for its disk like any
-//! follower's). Should its disk return before another node leads, it leads on.
+//! `--max-log-fsync-ms`, it hands leadership over: it stops its heartbeats and refuses new work
+//! as a leader with a bad clock does ([`crate::clock_watch`]), and asks a voter whose log holds
+//! its own to stand at once ([`Handover::DiskStalled`]: without waiting for its proposals to be
+//! applied, and with its lease released on the other voters, as it cannot grant a vote itself).
+//! If none does, the others elect one of themselves after their lease. It follows the new leader
+//! (its core waits for its disk like any follower's). Should its disk return before another node
+//! leads, it leads on.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use statestore_raft::Handover;
 
 use crate::node::Node;
 
@@ -26,5 +31,12 @@ pub(crate) async fn follow_disk(node: Arc<Node>, bound: Duration, every: Duratio
             bound.as_millis()
         ))
     };
-    node.hand_over_while(every, "this node's disk does not return", "this node's log fsync returned", stalled).await;
+    node.hand_over_while(
+        every,
+        "this node's disk does not return",
+        "this node's log fsync returned",
+        Some(Handover::DiskStalled),
+        stalled,
+    )
+    .await;
 }

@@ -12,7 +12,8 @@ use openraft::{BasicNode, SnapshotPolicy};
 use statestore_protocol::Request;
 use statestore_raft::network::PeerChecks;
 use statestore_raft::{
-    Elector, NetworkFactory, Node as RaftNode, NodeId, PeerClocks, PeerIdentity, Raft, StateReader, StorageMetrics,
+    Elector, Handover, NetworkFactory, Node as RaftNode, NodeId, PeerClocks, PeerIdentity, Raft, StateReader,
+    StorageMetrics,
 };
 use statestore_statemachine::{Applied, ClientRequest, Config as MachineConfig, Entry, Operation, Reply};
 
@@ -386,22 +387,28 @@ impl Node {
         self.pipeline.refuse(Some(why));
     }
 
-    /// [`Node::hand_over`], then asks `peer` to stand at once (`statestore_raft::election`,
-    /// *hand over*), so that it leads within a round trip or two rather than after a lease and
-    /// an election timeout of no heartbeats. If it does not (it refused, or this node's log ran
-    /// ahead of its), the followers stand once they stop hearing this node, as before.
-    pub(crate) async fn hand_over_to(&self, peer: NodeId, why: String) {
+    /// [`Node::hand_over`], then asks `peer` (or any voter whose log matches this node's) to
+    /// stand at once (`statestore_raft::election`, *hand over*), so that it leads within a round
+    /// trip or two rather than after a lease and an election timeout of no heartbeats. If none
+    /// does (it refused, or this node's log ran ahead of its), the followers stand once they
+    /// stop hearing this node, as before.
+    pub(crate) async fn hand_over_to(&self, peer: Option<NodeId>, why: String, mode: Handover) {
         self.hand_over(why);
         // What was proposed before is applied first, and nothing reaches the log after the
-        // entry the voter must hold (`Pipeline::hold`).
-        let _held = self.pipeline.hold().await;
+        // entry the voter must hold (`Pipeline::hold`). A stalled disk applies nothing, so
+        // holding would wait for it: the refusal keeps new work out, and the proposal in flight
+        // holds the pipeline's one slot (`MAX_PROPOSALS_IN_FLIGHT`). Should an entry reach the
+        // log even so, the voter's log is shorter than this node's and the handover fails.
+        let _held = match mode {
+            Handover::Settled => Some(self.pipeline.hold().await),
+            Handover::DiskStalled => None,
+        };
         let deadline = self.elector.lease() * 2;
-        match self.elector.hand_over(deadline, Some(peer)).await {
+        match self.elector.hand_over(deadline, peer, mode).await {
             Ok(leader) => tracing::info!(leader, "handed leadership over to node {leader}"),
-            Err(why) => tracing::info!(
-                why,
-                "node {peer} did not stand at once; the followers stand once they stop hearing this node"
-            ),
+            Err(why) => {
+                tracing::info!(why, "the handover did not finish; the followers stand once they stop hearing this node")
+            }
         }
     }
 
@@ -412,7 +419,8 @@ impl Node {
     }
 
     /// Every `every`, asks `trouble` why this node should not lead (`None`: no reason). Leading
-    /// with a reason, it hands leadership over ([`Node::hand_over`]); once another node leads,
+    /// with a reason, it hands leadership over: it stops its heartbeats ([`Node::hand_over`]),
+    /// and with `ask` a voter to stand at once ([`Node::hand_over_to`]); once another node leads,
     /// or the reason is gone while it still leads, it serves again. `what` and `recovered` name
     /// the trouble and its end in the logs. Ends when Raft stops.
     pub(crate) async fn hand_over_while(
@@ -420,6 +428,7 @@ impl Node {
         every: Duration,
         what: &str,
         recovered: &str,
+        ask: Option<Handover>,
         mut trouble: impl FnMut() -> Option<String>,
     ) {
         let mut ticks = tokio::time::interval(every);
@@ -435,7 +444,10 @@ impl Node {
             match (handing_over, leads, trouble()) {
                 (false, true, Some(why)) => {
                     tracing::warn!(why, "handing leadership over: {what}");
-                    self.hand_over(why);
+                    match ask {
+                        Some(mode) => self.hand_over_to(None, why, mode).await,
+                        None => self.hand_over(why),
+                    }
                     handing_over = true;
                 }
                 (true, false, _) => {
@@ -474,7 +486,7 @@ impl Node {
         let _held = self.pipeline.hold().await;
         self.until_another_can_be_elected().await;
         let started = std::time::Instant::now();
-        match self.elector.hand_over(HANDOVER_DEADLINE, None).await {
+        match self.elector.hand_over(HANDOVER_DEADLINE, None, Handover::Settled).await {
             Ok(leader) => tracing::info!(
                 leader,
                 millis = started.elapsed().as_millis() as u64,
@@ -518,7 +530,7 @@ impl Node {
         }
         let held = self.pipeline.hold().await;
         let started = std::time::Instant::now();
-        let moved = self.elector.hand_over(self.elector.lease() * 2, to).await;
+        let moved = self.elector.hand_over(self.elector.lease() * 2, to, Handover::Settled).await;
         drop(held);
         match &moved {
             Ok(leader) => tracing::info!(

@@ -589,13 +589,23 @@ async fn a_leader_whose_disk_stalls_replicates_but_applies_nothing_until_it_has_
 
 /// A leader whose disk does not return from `fsync` for longer than `--max-log-fsync-ms` (1 s
 /// by default) hands leadership over: its heartbeats no longer wait for its disk, so without it
-/// the followers would go on hearing a leader that cannot commit anything. Another node leads
-/// and takes writes while the old leader's disk is still stalled; once it is back, the old
-/// leader follows and holds the writes.
+/// the followers would go on hearing a leader that cannot commit anything. It asks a follower
+/// whose log holds its own to stand at once, and releases its lease on the other (it cannot
+/// grant a vote itself: that is a synced write), so a follower stands at its request (not after
+/// a lease without heartbeats) and wins in one term. Another node leads and takes writes while
+/// the old leader's disk is still stalled; once it is back, the old leader follows and holds
+/// the writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_disk_does_not_return_hands_leadership_over() {
     let (cluster, disks, old) = with_faulty_disks(&[]).await;
     let others: Vec<u64> = cluster.running().into_iter().filter(|id| *id != old).collect();
+    let stood_on_request =
+        |text: &str| metric(text, "statestore_elections_started_total{reason=\"handover\"}").unwrap_or(0.0);
+    let mut asked_before = BTreeMap::new();
+    for id in &others {
+        asked_before.insert(*id, stood_on_request(&cluster.metrics(*id).await));
+    }
+    let term = terms(&cluster).await[&old];
     std::fs::File::create(disks.stall(old)).unwrap();
     let stalled_at = Instant::now();
     // A write starts the fsync that does not return (an idle leader has nothing to flush). Its
@@ -616,6 +626,14 @@ async fn a_leader_whose_disk_does_not_return_hands_leadership_over() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     };
     println!("node {new} led {} ms after node {old}'s disk stalled", stalled_at.elapsed().as_millis());
+    assert_eq!(
+        stood_on_request(&cluster.metrics(new).await),
+        asked_before[&new] + 1.0,
+        "node {new} did not stand at node {old}'s request\n{}",
+        cluster.logs()
+    );
+    let status = cluster.status(new).await.unwrap();
+    assert_eq!(status["term"].as_u64(), Some(term + 1), "node {new} won in the next term: {status}");
     let answer = cluster.set(new, "after-stall", "v").await;
     assert!(
         answer.as_ref().is_ok_and(|answer| answer.response == Response::Ok),

@@ -40,6 +40,12 @@
 //! openraft's vote handling, `crates/openraft/README.md`). Where even they do not make a quorum,
 //! or anything fails, the cluster elects a leader as after any leader loss.
 //!
+//! A leader whose disk does not return hands over the same way ([`Handover::DiskStalled`]), with
+//! two differences: it cannot apply what it proposed last (it commits only what it has flushed)
+//! and it cannot grant a vote (granting one is a synced write), so the successor need only hold
+//! the log as this leader appended it, and the leader releases its lease on every other voter so
+//! that their votes make the quorum without its own.
+//!
 //! A node may also be told it must not lead ([`Elector::restrain`], for a [`Restraint`]: while it
 //! cannot reach the broker its clients talk through, while its clock disagrees with the others',
 //! while it stops): it then does not stand, and while it still leads it grants pre-votes to
@@ -76,6 +82,18 @@ pub const LAST_RESORT_LEASES: u32 = 10;
 pub const PREVOTE_PATH: &str = "/raft/prevote";
 /// Where a leader that is handing over asks a voter to stand ([`StandRequest`]).
 pub const STAND_PATH: &str = "/raft/stand";
+/// What a leader that hands over can still do itself ([`Elector::hand_over`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handover {
+    /// Its disk works: what it proposed is applied and answered before a voter is asked to
+    /// stand, and its own vote for the successor counts.
+    Settled,
+    /// Its log fsync does not return: nothing more is applied here, and granting a vote would
+    /// wait for the disk. The successor need only hold the log as this node appended it, and
+    /// the other voters' votes must make the quorum without this node's.
+    DiskStalled,
+}
+
 /// Where a leader that is handing over releases its lease on a voter ([`LeaseRelease`]).
 pub const RELEASE_PATH: &str = "/raft/release";
 
@@ -483,9 +501,10 @@ impl Elector {
 
     /// Hands this node's leadership to a voter whose log matches its own, then waits until
     /// this node no longer leads: the new leader's id, or why not within `deadline`. The caller
-    /// has stopped new proposals and forbidden this node to lead ([`Elector::restrain`]);
-    /// entries already proposed are waited for (their answers go out from here).
-    pub async fn hand_over(&self, deadline: Duration, to: Option<NodeId>) -> Result<NodeId, String> {
+    /// has stopped new proposals and forbidden this node to lead ([`Elector::restrain`]); with
+    /// [`Handover::Settled`], entries already proposed are waited for (their answers go out
+    /// from here).
+    pub async fn hand_over(&self, deadline: Duration, to: Option<NodeId>, mode: Handover) -> Result<NodeId, String> {
         let until = Instant::now() + deadline;
         let mut metrics = self.raft.metrics();
         let mut asked: Option<NodeId> = None;
@@ -525,8 +544,10 @@ impl Elector {
                 }
                 let last = self.log.last_log_id().map_err(|e| format!("reading the log: {e}"))?;
                 // Every entry proposed here is applied (its answer given), and a voter's log
-                // ends where this node's does, that voter's vote and this node's a quorum.
-                let settled = last.map(|id| id.index) == last_index && applied == last_index;
+                // ends where this node's does, that voter's vote and this node's a quorum. A
+                // stalled disk applies nothing more: the voter's log ending there is enough.
+                let settled =
+                    last.map(|id| id.index) == last_index && (mode == Handover::DiskStalled || applied == last_index);
                 let successor = replication
                     .iter()
                     .filter(|_| settled)
@@ -534,11 +555,16 @@ impl Elector {
                     .and_then(|(id, _)| nodes.get(id).map(|node| (*id, node)));
                 if let Some((id, node)) = successor {
                     let timeout = self.tick.max(Duration::from_millis(100));
-                    // With more than three voters, the two votes are not a quorum: the others
-                    // must not refuse the successor for this node's lease.
-                    let mut voting = BTreeSet::from([self.id, id]);
+                    // With more than three voters, the two votes are not a quorum (nor is the
+                    // successor's alone, where this node's disk cannot record a vote): the
+                    // others must not refuse the successor for this node's lease.
+                    let mut voting = BTreeSet::from([id]);
+                    if mode == Handover::Settled {
+                        voting.insert(self.id);
+                    }
                     if !has_quorum(&configs, &voting) {
-                        let others = configs.iter().flatten().filter(|other| !voting.contains(other));
+                        let others =
+                            configs.iter().flatten().filter(|other| **other != self.id && !voting.contains(other));
                         voting.extend(self.release_lease(others.copied().collect(), &nodes, vote, timeout).await);
                     }
                     if !has_quorum(&configs, &voting) {

@@ -60,7 +60,7 @@ use tokio::sync::broadcast;
 
 pub use clocks::PeerClocks;
 pub use damage::{DamageReport, Damaged};
-pub use election::{Elector, Restraint};
+pub use election::{Elector, Handover, Restraint};
 pub use identity::PeerIdentity;
 pub use log_store::{FsyncWatch, LogReader, LogStore};
 pub use metrics::{DiskSpace, StorageMetrics};
