@@ -275,6 +275,18 @@ impl Elector {
             .ok()
     }
 
+    /// Stands for election if this node's vote is still `vote` (`elect_if`, a change to
+    /// openraft): whether it stood, or `None` when the core did not answer within the lease (a
+    /// busy or stuck core; the command stays queued, and the core still stands only on that
+    /// vote), or why Raft has stopped.
+    async fn stand_if(&self, vote: Vote) -> Result<Option<bool>, String> {
+        match tokio::time::timeout(self.lease, self.raft.trigger().elect_if(vote)).await {
+            Ok(Ok(stood)) => Ok(Some(stood)),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Ok(None),
+        }
+    }
+
     /// How long ago this node last heard from the leader it follows; `None` when it leads,
     /// follows no leader (its vote is for a candidate), or Raft has stopped.
     /// `None` too when openraft does not answer within the lease (a busy or stuck core).
@@ -448,9 +460,12 @@ impl Elector {
             // The vote must still be the one looked at: a vote granted in the moment since (to
             // a voter that stood at about the same time) or a new leader heard from would
             // otherwise be unseated by this node's higher term.
-            match self.raft.trigger().elect_if(now.vote).await {
-                Ok(true) => self.metrics.elections.with_label_values(&["prevote"]).inc(),
-                Ok(false) => tracing::info!("won a pre-vote, but this node's vote changed as it stood; not standing"),
+            match self.stand_if(now.vote).await {
+                Ok(Some(true)) => self.metrics.elections.with_label_values(&["prevote"]).inc(),
+                Ok(Some(false)) => {
+                    tracing::info!("won a pre-vote, but this node's vote changed as it stood; not standing")
+                }
+                Ok(None) => tracing::warn!("won a pre-vote, but openraft did not answer within the lease"),
                 Err(_) => return,
             }
         }
@@ -488,13 +503,14 @@ impl Elector {
             }
             Ok(_) => {}
         }
-        tracing::info!(leader = %request.vote, "the leader is stopping and asked this node to stand; standing for election");
-        match self.raft.trigger().elect_if(standing.vote).await {
-            Ok(true) => {
+        tracing::info!(leader = %request.vote, "the leader hands over and asked this node to stand; standing for election");
+        match self.stand_if(standing.vote).await {
+            Ok(Some(true)) => {
                 self.metrics.elections.with_label_values(&["handover"]).inc();
                 StandResponse::Standing
             }
-            Ok(false) => refuse(format!("node {}'s vote changed as it stood", self.id)),
+            Ok(Some(false)) => refuse(format!("node {}'s vote changed as it stood", self.id)),
+            Ok(None) => refuse(format!("node {}'s Raft core did not answer within the lease", self.id)),
             Err(e) => StandResponse::Refused(format!("node {}: {e}", self.id)),
         }
     }
