@@ -12,15 +12,17 @@
 //!   resort): the voters left may be unable to elect one of themselves without it, when its log
 //!   is the longest among them.
 //! - A leader proposes nothing while its clock disagrees with most voters' ([`ClockCheck`] in
-//!   the pipeline), and then hands leadership over: it stops its heartbeats, refuses new work
-//!   and grants the others' pre-votes, the others elect one of themselves, and it follows. A
+//!   the pipeline), and then hands leadership over: it stops its heartbeats, refuses new work,
+//!   grants the others' pre-votes and asks a voter whose log holds its own to stand at once
+//!   ([`Node::hand_over_to`]); that voter, or failing it one the others elect after their
+//!   lease, leads, and it follows. A
 //!   leader that does not yet know the clocks of a majority (it has just been elected) waits for
 //!   one heartbeat round before its first proposal.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use statestore_raft::{NodeId, PeerClocks, Raft, Restraint};
+use statestore_raft::{Handover, NodeId, PeerClocks, Raft, Restraint};
 
 use crate::node::Node;
 
@@ -112,7 +114,7 @@ pub(crate) async fn follow_clocks(node: Arc<Node>, check: ClockCheck, every: Dur
         every,
         "this node's clock disagrees with the others'",
         "this node's clock agrees with the others' again",
-        None,
+        Handover::Settled,
         disagrees,
     )
     .await;

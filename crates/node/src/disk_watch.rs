@@ -35,7 +35,7 @@ pub(crate) async fn follow_disk(node: Arc<Node>, bound: Duration, every: Duratio
         every,
         "this node's disk does not return",
         "this node's log fsync returned",
-        Some(Handover::DiskStalled),
+        Handover::DiskStalled,
         stalled,
     )
     .await;

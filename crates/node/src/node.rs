@@ -382,18 +382,20 @@ impl Node {
 
     /// Stops this leader's heartbeats and refuses new work with `why`, so that the others stop
     /// hearing it and elect one of themselves: leadership is handed over.
-    pub(crate) fn hand_over(&self, why: String) {
+    fn hand_over(&self, why: String) {
         self.raft.runtime_config().heartbeat(false);
         self.pipeline.refuse(Some(why));
     }
 
-    /// [`Node::hand_over`], then asks `peer` (or any voter whose log matches this node's) to
-    /// stand at once (`statestore_raft::election`, *hand over*), so that it leads within a round
-    /// trip or two rather than after a lease and an election timeout of no heartbeats. If none
+    /// [`Node::hand_over`], then, once another voter can win an election (a lease and a half
+    /// after this node's), asks `peer` (or any voter whose log matches this node's) to stand at
+    /// once (`statestore_raft::election`, *hand over*), so that it leads within a round trip or
+    /// two rather than after a lease and an election timeout of no heartbeats. If none
     /// does (it refused, or this node's log ran ahead of its), the followers stand once they
     /// stop hearing this node, as before.
     pub(crate) async fn hand_over_to(&self, peer: Option<NodeId>, why: String, mode: Handover) {
         self.hand_over(why);
+        self.until_another_can_be_elected().await;
         // What was proposed before is applied first, and nothing reaches the log after the
         // entry the voter must hold (`Pipeline::hold`). A stalled disk applies nothing, so
         // holding would wait for it: the refusal keeps new work out, and the proposal in flight
@@ -419,16 +421,15 @@ impl Node {
     }
 
     /// Every `every`, asks `trouble` why this node should not lead (`None`: no reason). Leading
-    /// with a reason, it hands leadership over: it stops its heartbeats ([`Node::hand_over`]),
-    /// and with `ask` a voter to stand at once ([`Node::hand_over_to`]); once another node leads,
-    /// or the reason is gone while it still leads, it serves again. `what` and `recovered` name
-    /// the trouble and its end in the logs. Ends when Raft stops.
+    /// with a reason, it hands leadership over ([`Node::hand_over_to`] any voter, in `mode`);
+    /// once another node leads, or the reason is gone while it still leads, it serves again.
+    /// `what` and `recovered` name the trouble and its end in the logs. Ends when Raft stops.
     pub(crate) async fn hand_over_while(
         self: Arc<Self>,
         every: Duration,
         what: &str,
         recovered: &str,
-        ask: Option<Handover>,
+        mode: Handover,
         mut trouble: impl FnMut() -> Option<String>,
     ) {
         let mut ticks = tokio::time::interval(every);
@@ -444,10 +445,7 @@ impl Node {
             match (handing_over, leads, trouble()) {
                 (false, true, Some(why)) => {
                     tracing::warn!(why, "handing leadership over: {what}");
-                    match ask {
-                        Some(mode) => self.hand_over_to(None, why, mode).await,
-                        None => self.hand_over(why),
-                    }
+                    self.hand_over_to(None, why, mode).await;
                     handing_over = true;
                 }
                 (true, false, _) => {

@@ -204,3 +204,57 @@ async fn a_node_whose_clock_is_off_leads_only_as_a_last_resort_and_hands_over() 
     }
     cluster.signal(leader, "CONT");
 }
+
+/// A leader whose clock jumps 30 s ahead while it leads (each node's libfaketime reads its offset
+/// from a file, which the test rewrites for the leader) hands leadership over at once: it asks
+/// a voter whose log holds its own to stand, and that voter wins in the next term, where the
+/// followers would otherwise elect one of themselves only after a lease without heartbeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_clock_jumps_asks_a_voter_to_stand_at_once() {
+    let mut cluster = Cluster::prepare(3, &[]);
+    let mut offsets = BTreeMap::new();
+    for id in 1..=3 {
+        let file = cluster.dir.path().join(format!("clock-offset-{id}"));
+        std::fs::write(&file, "+0").unwrap();
+        cluster.nodes.get_mut(&id).unwrap().env = vec![
+            ("LD_PRELOAD".into(), LIBFAKETIME.into()),
+            ("FAKETIME_TIMESTAMP_FILE".into(), file.display().to_string()),
+            // Read again every second.
+            ("FAKETIME_CACHE_DURATION".into(), "1".into()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+            ("FAKETIME_DONT_RESET".into(), "1".into()),
+        ];
+        offsets.insert(id, file);
+    }
+    for id in 1..=3 {
+        cluster.spawn(id);
+    }
+    cluster.wait_ready().await;
+    let old = leader_among(&cluster, &[1, 2, 3], &[1, 2, 3]).await;
+    let others: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
+    assert_eq!(cluster.set(old, "before", "v").await.unwrap().response, Response::Ok);
+    let stood_on_request =
+        |text: &str| common::metric(text, "statestore_elections_started_total{reason=\"handover\"}").unwrap_or(0.0);
+    let mut asked_before = BTreeMap::new();
+    for id in &others {
+        asked_before.insert(*id, stood_on_request(&cluster.metrics(*id).await));
+    }
+    let term = cluster.status(old).await.unwrap()["term"].as_u64().unwrap();
+
+    std::fs::write(&offsets[&old], "+30s").unwrap();
+    let jumped = Instant::now();
+    let new = leader_among(&cluster, &others, &others).await;
+    println!("node {new} led {} ms after node {old}'s clock jumped", jumped.elapsed().as_millis());
+    let logs = cluster.logs();
+    assert!(logs.contains("handing leadership over: this node's clock disagrees"), "node {old} handed over\n{logs}");
+    assert_eq!(
+        stood_on_request(&cluster.metrics(new).await),
+        asked_before[&new] + 1.0,
+        "node {new} did not stand at node {old}'s request\n{logs}"
+    );
+    let status = cluster.status(new).await.unwrap();
+    assert_eq!(status["term"].as_u64(), Some(term + 1), "node {new} won in the next term: {status}");
+    assert_eq!(cluster.set(new, "after", "v").await.unwrap().response, Response::Ok);
+    let read = cluster.get(new, "before").await.map(|answer| answer.response);
+    assert_eq!(read.ok(), Some(Response::Value(b"v".to_vec())));
+}
