@@ -208,7 +208,9 @@ async fn a_node_whose_clock_is_off_leads_only_as_a_last_resort_and_hands_over() 
 /// A leader whose clock jumps 30 s ahead while it leads (each node's libfaketime reads its offset
 /// from a file, which the test rewrites for the leader) hands leadership over at once: it asks
 /// a voter whose log holds its own to stand, and that voter wins in the next term, where the
-/// followers would otherwise elect one of themselves only after a lease without heartbeats.
+/// followers would otherwise elect one of themselves only after a lease without heartbeats. A
+/// client writes to it all along, with a 20 s `PX`: no entry takes its clock (the state
+/// machine's clock would then run 30 s ahead for good, and every such key would be gone at once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_clock_jumps_asks_a_voter_to_stand_at_once() {
     let mut cluster = Cluster::prepare(3, &[]);
@@ -241,10 +243,32 @@ async fn a_leader_whose_clock_jumps_asks_a_voter_to_stand_at_once() {
     }
     let term = cluster.status(old).await.unwrap()["term"].as_u64().unwrap();
 
+    let cluster = std::sync::Arc::new(cluster);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = tokio::spawn({
+        let (cluster, stop) = (cluster.clone(), stop.clone());
+        async move {
+            let mut acknowledged = Vec::new();
+            for n in 0.. {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let key = format!("during-{n}");
+                let answer = cluster.command(old, px_20_s(&key).encode(), Some(&common::timestamp()), "").await;
+                if answer.is_ok_and(|answer| answer.response == Response::Ok) {
+                    acknowledged.push(key);
+                }
+            }
+            acknowledged
+        }
+    });
     std::fs::write(&offsets[&old], "+30s").unwrap();
     let jumped = Instant::now();
     let new = leader_among(&cluster, &others, &others).await;
     println!("node {new} led {} ms after node {old}'s clock jumped", jumped.elapsed().as_millis());
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let acknowledged = writer.await.unwrap();
+    assert!(!acknowledged.is_empty(), "no write before the jump was acknowledged");
     let logs = cluster.logs();
     assert!(logs.contains("handing leadership over: this node's clock disagrees"), "node {old} handed over\n{logs}");
     assert_eq!(
@@ -254,7 +278,16 @@ async fn a_leader_whose_clock_jumps_asks_a_voter_to_stand_at_once() {
     );
     let status = cluster.status(new).await.unwrap();
     assert_eq!(status["term"].as_u64(), Some(term + 1), "node {new} won in the next term: {status}");
-    assert_eq!(cluster.set(new, "after", "v").await.unwrap().response, Response::Ok);
-    let read = cluster.get(new, "before").await.map(|answer| answer.response);
-    assert_eq!(read.ok(), Some(Response::Value(b"v".to_vec())));
+    let answer = cluster.command(new, px_20_s("after").encode(), Some(&common::timestamp()), "").await;
+    assert_eq!(answer.map(|answer| answer.response).ok(), Some(Response::Ok), "a write on node {new}");
+    for key in acknowledged.iter().map(String::as_str).chain(["before", "after"]) {
+        let read = cluster.get(new, key).await.map(|answer| answer.response);
+        assert_eq!(read.as_ref().ok(), Some(&Response::Value(b"v".to_vec())), "{key}: {read:?}\n{}", cluster.logs());
+    }
+    println!("{} writes acknowledged by node {old} as its clock jumped, each there", acknowledged.len());
+}
+
+/// `SET key v PX 20000`.
+fn px_20_s(key: &str) -> Set {
+    Set { key: key.into(), value: b"v".to_vec(), condition: SetCondition::Always, expiry_ms: Some(20_000) }
 }
