@@ -15,9 +15,8 @@
 //!   the pipeline), and then hands leadership over: it stops its heartbeats, refuses new work,
 //!   grants the others' pre-votes and asks a voter whose log holds its own to stand at once
 //!   ([`Node::hand_over_to`]); that voter, or failing it one the others elect after their
-//!   lease, leads, and it follows. A
-//!   leader that does not yet know the clocks of a majority (it has just been elected) waits for
-//!   one heartbeat round before its first proposal.
+//!   lease, leads, and it follows. A leader that does not yet know the clocks of a majority (it
+//!   has just been elected) waits for one heartbeat round before its first proposal.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -82,6 +82,9 @@ pub const LAST_RESORT_LEASES: u32 = 10;
 pub const PREVOTE_PATH: &str = "/raft/prevote";
 /// Where a leader that is handing over asks a voter to stand ([`StandRequest`]).
 pub const STAND_PATH: &str = "/raft/stand";
+/// Where a leader that is handing over releases its lease on a voter ([`LeaseRelease`]).
+pub const RELEASE_PATH: &str = "/raft/release";
+
 /// What a leader that hands over can still do itself ([`Elector::hand_over`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handover {
@@ -93,9 +96,6 @@ pub enum Handover {
     /// the other voters' votes must make the quorum without this node's.
     DiskStalled,
 }
-
-/// Where a leader that is handing over releases its lease on a voter ([`LeaseRelease`]).
-pub const RELEASE_PATH: &str = "/raft/release";
 
 /// "Would you vote for me now?"
 #[derive(Debug, Clone, Serialize, Deserialize)]
