@@ -235,8 +235,7 @@ async fn a_leader_whose_clock_jumps_asks_a_voter_to_stand_at_once() {
     let old = leader_among(&cluster, &[1, 2, 3], &[1, 2, 3]).await;
     let others: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
     assert_eq!(cluster.set(old, "before", "v").await.unwrap().response, Response::Ok);
-    let stood_on_request =
-        |text: &str| common::metric(text, "statestore_elections_started_total{reason=\"handover\"}").unwrap_or(0.0);
+    let stood_on_request = |text: &str| common::elections_started(text, "handover");
     let mut asked_before = BTreeMap::new();
     for id in &others {
         asked_before.insert(*id, stood_on_request(&cluster.metrics(*id).await));

@@ -13,7 +13,7 @@ use azure_iot_operations_protocol::common::hybrid_logical_clock::HybridLogicalCl
 use azure_iot_operations_services::state_store::{Operation, SetOptions};
 use common::broker::Broker;
 use common::sdk::{unique_client_id, SdkSession};
-use common::{metric, Cluster, DEADLINE};
+use common::{elections_started, Cluster, DEADLINE};
 use openraft::CommittedLeaderId;
 use statestore_node::node::HANDOVER_DEADLINE;
 use statestore_node::server::HTTP_DRAIN;
@@ -308,13 +308,9 @@ async fn election_counts(cluster: &Cluster, leader: u64) -> BTreeMap<u64, (f64, 
     let mut counts = BTreeMap::new();
     for id in cluster.running().into_iter().filter(|id| *id != leader) {
         let text = cluster.metrics(id).await;
-        counts.insert(id, (elections(&text, "handover"), elections(&text, "prevote")));
+        counts.insert(id, (elections_started(&text, "handover"), elections_started(&text, "prevote")));
     }
     counts
-}
-
-fn elections(metrics: &str, reason: &str) -> f64 {
-    metric(metrics, &format!("statestore_elections_started_total{{reason=\"{reason}\"}}")).unwrap_or(0.0)
 }
 
 /// The stopped `leader` says it handed over to `successor`, which stood at its request once
@@ -328,12 +324,16 @@ async fn assert_handed_over(cluster: &Cluster, leader: u64, successor: u64, befo
     let text = cluster.metrics(successor).await;
     let (handovers, prevotes) = before[&successor];
     assert_eq!(
-        elections(&text, "handover"),
+        elections_started(&text, "handover"),
         handovers + 1.0,
         "node {successor} stood at the leader's request\n{}",
         cluster.logs()
     );
-    assert_eq!(elections(&text, "prevote"), prevotes, "node {successor} did not wait out a lease for a pre-vote");
+    assert_eq!(
+        elections_started(&text, "prevote"),
+        prevotes,
+        "node {successor} did not wait out a lease for a pre-vote"
+    );
 }
 
 /// SDK clients writing new keys in a loop, each call recorded.

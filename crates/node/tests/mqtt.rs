@@ -11,7 +11,7 @@ use common::broker::Broker;
 use common::gate::{Gate, PeerLinks};
 use common::mqtt::RawClient;
 use common::tap::{Seen, Tap};
-use common::{metric, now_ms, timestamp, Cluster};
+use common::{elections_started, metric, now_ms, timestamp, Cluster};
 use rumqttc::v5::mqttbytes::QoS;
 use statestore_protocol::topic::{hex_upper, NOTIFICATION_PREFIX, REQUEST_TOPIC};
 use statestore_protocol::{encode_bulk_array, Get, Hlc, KeyNotify, Set};
@@ -78,8 +78,7 @@ async fn a_leader_that_loses_its_broker_hands_leadership_to_a_connected_node() {
     let client = RawClient::connect(broker.port, "broker-cut").await;
     assert_eq!(client.request(&set(b"before-cut", b"1"), &timestamp()).await.payload, b"+OK\r\n");
 
-    let stood_on_request =
-        |text: &str| metric(text, "statestore_elections_started_total{reason=\"handover\"}").unwrap_or(0.0);
+    let stood_on_request = |text: &str| elections_started(text, "handover");
     let mut before = std::collections::BTreeMap::new();
     for id in cluster.running() {
         before.insert(id, stood_on_request(&cluster.metrics(id).await));

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::disk::FaultyDisks;
-use common::{metric, Cluster, Refused, DEADLINE};
+use common::{elections_started, metric, Cluster, Refused, DEADLINE};
 use statestore_node::server::EXIT_STORAGE_FAILED;
 use statestore_protocol::Response;
 use tokio::sync::Mutex;
@@ -599,8 +599,7 @@ async fn a_leader_whose_disk_stalls_replicates_but_applies_nothing_until_it_has_
 async fn a_leader_whose_disk_does_not_return_hands_leadership_over() {
     let (cluster, disks, old) = with_faulty_disks(&[]).await;
     let others: Vec<u64> = cluster.running().into_iter().filter(|id| *id != old).collect();
-    let stood_on_request =
-        |text: &str| metric(text, "statestore_elections_started_total{reason=\"handover\"}").unwrap_or(0.0);
+    let stood_on_request = |text: &str| elections_started(text, "handover");
     let mut asked_before = BTreeMap::new();
     for id in &others {
         asked_before.insert(*id, stood_on_request(&cluster.metrics(*id).await));

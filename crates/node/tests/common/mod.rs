@@ -465,6 +465,12 @@ pub async fn open_appends_stream(http: &reqwest::Client, url: &str) -> reqwest::
     request.send().await.unwrap().status()
 }
 
+/// Elections a node started for `reason` (`prevote`, or `handover`: at a leader's request), from
+/// its Prometheus text.
+pub fn elections_started(metrics: &str, reason: &str) -> f64 {
+    metric(metrics, &format!("statestore_elections_started_total{{reason=\"{reason}\"}}")).unwrap_or(0.0)
+}
+
 /// A metric's value in Prometheus text: `name` alone sums over its label sets, `name{labels}`
 /// picks one series.
 pub fn metric(text: &str, name: &str) -> Option<f64> {
