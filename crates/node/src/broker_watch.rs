@@ -35,7 +35,7 @@ use crate::node::Node;
 /// How often a node without its broker looks at its role.
 const LOOK_EVERY: Duration = Duration::from_millis(50);
 /// How many leases a handover may take before the leader resumes its heartbeats: the followers'
-/// quiet period (one lease and an election timeout), a pre-vote and a vote fit in three.
+/// quiet period (one lease and a quarter of an election timeout), a pre-vote and a vote fit in three.
 const HANDOVER_WINDOW: u32 = 5;
 
 /// Where the leader is in handing over.

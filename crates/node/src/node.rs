@@ -390,7 +390,7 @@ impl Node {
     /// [`Node::hand_over`], then, once another voter can win an election (a lease and a half
     /// after this node's), asks `peer` (or any voter whose log matches this node's) to stand at
     /// once (`statestore_raft::election`, *hand over*), so that it leads within a round trip or
-    /// two rather than after a lease and an election timeout of no heartbeats. If none
+    /// two rather than after the followers' quiet period of no heartbeats. If none
     /// does (it refused, or this node's log ran ahead of its), the followers stand once they
     /// stop hearing this node, as before.
     pub(crate) async fn hand_over_to(&self, peer: Option<NodeId>, why: String, mode: Handover) {
@@ -465,7 +465,7 @@ impl Node {
 
     /// A leader that is told to stop hands its leadership to a voter whose log matches its own
     /// (`statestore_raft::election`, *hand over*), so that writes go on within a round trip or
-    /// two instead of after a lease and an election timeout. Every stopping node ends its
+    /// two instead of after the followers' quiet period. Every stopping node ends its
     /// background tasks here. A leader takes no new requests first (MQTT requests are kept for the next leader, as a follower
     /// keeps them); what it has proposed is applied and answered before the handover. Not
     /// leading, the only voter, or the handover failing within [`HANDOVER_DEADLINE`]: the node

@@ -210,6 +210,17 @@ impl StatestoreCluster {
         }
     }
 
+    /// The highest Raft term any node reports: every election, won or not, begins a new one.
+    /// `None` when no node answers.
+    pub async fn highest_term(&self) -> Option<u64> {
+        let mut highest = None;
+        for index in 0..self.nodes.len() {
+            let term = self.status(index).await.and_then(|status| status.get("term").and_then(Value::as_u64));
+            highest = highest.max(term);
+        }
+        highest
+    }
+
     /// Node `index`'s `/metrics` text; empty when it does not answer.
     pub async fn metrics(&self, index: usize) -> String {
         match self.http.get(self.url(index, "/metrics")).send().await {

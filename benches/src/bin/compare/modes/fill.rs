@@ -72,6 +72,10 @@ async fn fill_target(
     let load = start_closed(target.client.clone(), workload, inflight, recorder.clone());
     let processes = target.processes();
     let cpu_before = CpuSample::take(&processes);
+    let term_before = match &target.cluster {
+        Some(cluster) => cluster.highest_term().await,
+        None => None,
+    };
     let start = recorder.from();
     let mut next_mark = step.min(to);
     // The previous poll and the previous step boundary, as (seconds since start, answers).
@@ -107,12 +111,17 @@ async fn fill_target(
     load.finish().await;
     let (answered, errors) = recorder.counts();
     let cpu: f64 = cpu_before.usage_until(&cpu_after).iter().map(|(_, cpu)| cpu).sum();
+    let elections = match (&target.cluster, term_before) {
+        (Some(cluster), Some(before)) => cluster.highest_term().await.map(|after| after.saturating_sub(before)),
+        _ => None,
+    };
     run.say(format!(
-        "{kind}: {} distinct keys written in {:.1} s ({} ops/s overall), {errors} errors; \
+        "{kind}: {} distinct keys written in {:.1} s ({} ops/s overall), {errors} errors{}; \
          CPU {cpu:.2}, other processes {:.2}",
         report::ops(answered as f64),
         start.elapsed().as_secs_f64(),
         report::ops(answered as f64 / start.elapsed().as_secs_f64()),
+        elections.map(|n| format!(", {n} elections")).unwrap_or_default(),
         cpu_before.others_until(&cpu_after)
     ));
     let rss = target.rss_mib();

@@ -79,6 +79,9 @@ pub struct Measured {
     pub cpu_others: f64,
     /// Requests the leader answered per WAL fsync (cluster only).
     pub requests_per_fsync: Option<f64>,
+    /// Elections (Raft terms begun) during the window (cluster only): a healthy cluster under
+    /// load has none.
+    pub elections: Option<u64>,
     pub recording: Recording,
 }
 
@@ -97,17 +100,29 @@ impl Measured {
         self.cpu.iter().map(|(name, cpu)| format!("{name}={cpu:.3}")).collect::<Vec<_>>().join(";")
     }
 
+    /// The summary's notes on this measurement: its errors, and the elections the cluster held.
+    pub fn notes(&self, label: &str) -> Vec<String> {
+        error_note(label, self.errors, &self.error_samples)
+            .into_iter()
+            .chain(election_note(label, self.elections))
+            .collect()
+    }
+
     /// One line for the progress log.
     pub fn brief(&self) -> String {
         format!(
-            "{} ops/s, p50 {} ms, p99 {} ms, p99.9 {} ms, {} errors, CPU {:.2} (other processes {:.2})",
+            "{} ops/s, p50 {} ms, p99 {} ms, p99.9 {} ms, {} errors, CPU {:.2} (other processes {:.2}){}",
             report::ops(self.ops),
             report::decimal(self.latency.p50),
             report::decimal(self.latency.p99),
             report::decimal(self.latency.p999),
             self.errors,
             self.cpu_split().3,
-            self.cpu_others
+            self.cpu_others,
+            match self.elections {
+                Some(n) if n > 0 => format!(", {n} elections"),
+                _ => String::new(),
+            }
         )
     }
 }
@@ -136,6 +151,7 @@ async fn measure_window(
         None => None,
     };
     let counters_before = leader_counters(target, leader).await;
+    let term_before = highest_term(target).await;
     let end = start + length;
     let mut last = (Instant::now(), 0);
     while Instant::now() < end {
@@ -155,6 +171,7 @@ async fn measure_window(
     let cpu_after = CpuSample::take(&processes);
     let (cpu, cpu_others) = (cpu_before.usage_until(&cpu_after), cpu_before.others_until(&cpu_after));
     let counters_after = leader_counters(target, leader).await;
+    let term_after = highest_term(target).await;
     load.finish().await;
     let recording = recorder.snapshot();
     let requests_per_fsync = match (counters_before, counters_after) {
@@ -169,6 +186,7 @@ async fn measure_window(
         cpu,
         cpu_others,
         requests_per_fsync,
+        elections: term_after.zip(term_before).map(|(after, before)| after.saturating_sub(before)),
         recording,
     })
 }
@@ -178,6 +196,18 @@ async fn leader_counters(target: &Target, leader: Option<usize>) -> (Option<f64>
         (Some(cluster), Some(index)) => cluster.leader_counters(index).await,
         _ => (None, None),
     }
+}
+
+async fn highest_term(target: &Target) -> Option<u64> {
+    target.cluster.as_ref()?.highest_term().await
+}
+
+/// A note for the summary when the cluster held elections during a measurement: each one is a
+/// leader lost or unseated under the load, and its gap is in the latencies.
+fn election_note(label: &str, elections: Option<u64>) -> Option<String> {
+    elections.filter(|n| *n > 0).map(|n| {
+        format!("{label}: the cluster held {n} election(s) during the measurement; its leader changed under load")
+    })
 }
 
 /// The first few error descriptions of a measurement, for the summary.

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{error_note, measure_closed, measure_window, Measured, Run};
+use super::{measure_closed, measure_window, Measured, Run};
 use crate::load::{start_open, Workload, OPEN_LOOP_SLOTS};
 use crate::report::{self, Table};
 use crate::stats::Recorder;
@@ -115,7 +115,7 @@ fn report(run: &mut Run, rate: f64, rows: &[(TargetKind, Measured)]) -> anyhow::
     run.say("rate: open loop, latency from the scheduled send time");
     run.say(table.render());
     for (kind, m) in rows {
-        if let Some(note) = error_note(&kind.to_string(), m.errors, &m.error_samples) {
+        for note in m.notes(&kind.to_string()) {
             run.say(note);
         }
     }

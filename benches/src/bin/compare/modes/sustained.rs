@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{error_note, measure_closed, Measured, Run};
+use super::{measure_closed, Measured, Run};
 use crate::load::Workload;
 use crate::report::{self, Table};
 use crate::stats::Percentiles;
@@ -95,7 +95,7 @@ fn report(run: &mut Run, inflight: usize, results: &[(TargetKind, Measured)]) ->
     run.say("last minute vs first minute");
     run.say(drift.render());
     for (kind, measured) in results {
-        if let Some(note) = error_note(&kind.to_string(), measured.errors, &measured.error_samples) {
+        for note in measured.notes(&kind.to_string()) {
             run.say(note);
         }
     }

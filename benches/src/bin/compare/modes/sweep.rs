@@ -6,13 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{error_note, measure_closed, Measured, Run};
+use super::{measure_closed, Measured, Run};
 use crate::load::Workload;
 use crate::report::{self, Table};
 use crate::svg::{self, Chart, Line};
 use crate::targets::{Target, TargetKind};
 
-const CSV_HEADERS: [&str; 15] = [
+const CSV_HEADERS: [&str; 16] = [
     "target",
     "inflight",
     "ops_per_s",
@@ -28,6 +28,7 @@ const CSV_HEADERS: [&str; 15] = [
     "cpu_other_processes",
     "leader_requests_per_fsync",
     "round",
+    "elections",
 ];
 
 struct Row {
@@ -143,6 +144,7 @@ fn write_csv(run: &Run, rows: &[Row]) -> anyhow::Result<()> {
                 report::csv_number(m.cpu_others),
                 m.requests_per_fsync.map(report::csv_number).unwrap_or_default(),
                 row.round.to_string(),
+                m.elections.map(|n| n.to_string()).unwrap_or_default(),
             ]
         })
         .collect();
@@ -219,6 +221,7 @@ fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyho
         "servers",
         "others",
         "req/fsync",
+        "elections",
     ];
     if rounds > 1 {
         headers.insert(0, "round");
@@ -241,6 +244,7 @@ fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyho
             report::decimal(servers),
             report::decimal(m.cpu_others),
             m.requests_per_fsync.map(report::decimal).unwrap_or_else(|| "-".into()),
+            m.elections.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
         ];
         if rounds > 1 {
             cells.insert(0, row.round.to_string());
@@ -253,11 +257,7 @@ fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyho
     );
     run.say(table.render());
     for row in rows {
-        if let Some(note) = error_note(
-            &format!("{} {} in flight", row.kind, row.inflight),
-            row.measured.errors,
-            &row.measured.error_samples,
-        ) {
+        for note in row.measured.notes(&format!("{} {} in flight", row.kind, row.inflight)) {
             run.say(note);
         }
     }
