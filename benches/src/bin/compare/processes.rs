@@ -180,6 +180,12 @@ fn parse_busy_ticks(line: &str) -> Option<u64> {
     Some(user + nice + system + irq + softirq + steal)
 }
 
+/// The CPU of the servers among `cpu` (by process name): every process but the broker and the
+/// load generator ("bench").
+pub fn servers_cpu(cpu: &[(String, f64)]) -> f64 {
+    cpu.iter().filter(|(name, _)| name != "bench" && name != "broker").map(|(_, cpu)| cpu).sum()
+}
+
 /// CPU seconds of a set of named processes, and of the whole machine, at one moment.
 #[derive(Debug, Clone)]
 pub struct CpuSample {
@@ -209,12 +215,18 @@ impl CpuSample {
     /// (same processes in the same order); NaN where a process was not readable.
     pub fn usage_until(&self, end: &CpuSample) -> Vec<(String, f64)> {
         let wall = end.at.duration_since(self.at).as_secs_f64().max(1e-9);
+        self.used_until(end).into_iter().map(|(name, used)| (name, used / wall)).collect()
+    }
+
+    /// CPU seconds each process used between `self` and the later `end`; NaN where a process
+    /// was not readable.
+    pub fn used_until(&self, end: &CpuSample) -> Vec<(String, f64)> {
         self.seconds
             .iter()
             .zip(&end.seconds)
             .map(|((name, before), (_, after))| {
                 let used = match (before, after) {
-                    (Some(before), Some(after)) => (after - before) / wall,
+                    (Some(before), Some(after)) => after - before,
                     _ => f64::NAN,
                 };
                 (name.clone(), used)

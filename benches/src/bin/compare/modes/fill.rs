@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::Run;
 use crate::load::{start_closed, Workload};
-use crate::processes::CpuSample;
+use crate::processes::{servers_cpu, CpuSample};
 use crate::report::{self, Table};
 use crate::stats::Recorder;
 use crate::svg::{self, Chart, Line};
@@ -24,6 +24,9 @@ struct Step {
     keys: u64,
     elapsed: f64,
     ops: f64,
+    /// CPU of the servers (nodes or members, not the broker or the load generator) per
+    /// request answered in the step, in µs: what grows with the store shows here first.
+    server_us: f64,
 }
 
 /// After the fill: memory and the restarts of a follower.
@@ -80,6 +83,8 @@ async fn fill_target(
     let mut next_mark = step.min(to);
     // The previous poll and the previous step boundary, as (seconds since start, answers).
     let (mut previous, mut last_mark) = ((0.0, 0u64), (0.0, 0u64));
+    // The CPU and the answers at the poll that crossed the previous boundary.
+    let mut last_cpu = (cpu_before.clone(), 0u64);
     loop {
         tokio::time::sleep(POLL).await;
         target.check_running()?;
@@ -90,12 +95,15 @@ async fn fill_target(
             let share = (next_mark - previous.1) as f64 / (answered - previous.1).max(1) as f64;
             let at = previous.0 + share * (now - previous.0);
             let ops = (next_mark - last_mark.1) as f64 / (at - last_mark.0).max(1e-6);
+            let cpu = CpuSample::take(&processes);
+            let server_us = 1e6 * servers_cpu(&last_cpu.0.used_until(&cpu)) / (answered - last_cpu.1).max(1) as f64;
+            last_cpu = (cpu, answered);
             run.progress.line(&format!(
-                "{kind}: {} keys after {at:.1} s, {} ops/s",
+                "{kind}: {} keys after {at:.1} s, {} ops/s, servers' CPU {server_us:.0} µs per request",
                 report::ops(next_mark as f64),
                 report::ops(ops)
             ));
-            steps.push(Step { kind, keys: next_mark, elapsed: at, ops });
+            steps.push(Step { kind, keys: next_mark, elapsed: at, ops, server_us });
             last_mark = (at, next_mark);
             // The last step ends at `to` even when `to` is not a multiple of the step.
             next_mark = if next_mark == to { u64::MAX } else { (next_mark + step).min(to) };
@@ -158,17 +166,30 @@ async fn restart_a_follower(run: &mut Run, target: &mut Target) -> anyhow::Resul
 fn report(run: &mut Run, to: u64, steps: &[Step], endings: &[Ending]) -> anyhow::Result<()> {
     let lines: Vec<Vec<String>> = steps
         .iter()
-        .map(|s| vec![s.kind.to_string(), s.keys.to_string(), report::csv_number(s.elapsed), report::csv_number(s.ops)])
+        .map(|s| {
+            vec![
+                s.kind.to_string(),
+                s.keys.to_string(),
+                report::csv_number(s.elapsed),
+                report::csv_number(s.ops),
+                report::csv_number(s.server_us),
+            ]
+        })
         .collect();
-    report::write_csv(&run.out.join("fill.csv"), &["target", "keys", "elapsed_s", "ops_per_s_in_step"], &lines)?;
+    report::write_csv(
+        &run.out.join("fill.csv"),
+        &["target", "keys", "elapsed_s", "ops_per_s_in_step", "server_cpu_us_per_request"],
+        &lines,
+    )?;
 
-    let mut table = Table::new(&["target", "keys", "elapsed s", "ops/s in step"]);
+    let mut table = Table::new(&["target", "keys", "elapsed s", "ops/s in step", "servers' CPU µs/request"]);
     for s in steps {
         table.row(vec![
             s.kind.to_string(),
             report::ops(s.keys as f64),
             format!("{:.1}", s.elapsed),
             report::ops(s.ops),
+            format!("{:.0}", s.server_us),
         ]);
     }
     run.say(format!("fill to {} distinct keys", report::ops(to as f64)));

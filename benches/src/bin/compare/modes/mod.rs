@@ -91,8 +91,7 @@ impl Measured {
     pub fn cpu_split(&self) -> (f64, f64, f64, f64) {
         let of = |name: &str| self.cpu.iter().find(|(n, _)| n == name).map_or(f64::NAN, |(_, c)| *c);
         let total: f64 = self.cpu.iter().map(|(_, c)| c).sum();
-        let servers: f64 = self.cpu.iter().filter(|(n, _)| n != "bench" && n != "broker").map(|(_, c)| c).sum();
-        (of("bench"), of("broker"), servers, total)
+        (of("bench"), of("broker"), crate::processes::servers_cpu(&self.cpu), total)
     }
 
     /// `name=cpu;...` for the CSV.
