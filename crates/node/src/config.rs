@@ -87,7 +87,7 @@ pub struct Args {
     #[arg(long, env = "STATESTORE_ELECTION_MAX_MS")]
     pub election_max_ms: Option<u64>,
     /// Build a snapshot after this many entries since the last one (but not before the log
-    /// since then holds half the last snapshot's bytes). Default 10000.
+    /// since then holds as many bytes as the last snapshot). Default 10000.
     #[arg(long, env = "STATESTORE_SNAPSHOT_EVERY")]
     pub snapshot_every: Option<u64>,
     /// Also build a snapshot once the log has grown by this many bytes since the last one.

@@ -682,9 +682,9 @@ const SNAPSHOT_CHECK_EVERY: Duration = Duration::from_millis(200);
 /// Builds a snapshot (and so purges the log below it) once `every_entries` entries were applied
 /// since the last one, or the log grew by `every_bytes` bytes (a few large values fill a disk
 /// long before the entry count is reached), but never before the log written since the last
-/// snapshot holds half that snapshot's size: a snapshot rewrites the whole state, so without
+/// snapshot holds as many bytes as that snapshot: a snapshot rewrites the whole state, so without
 /// that bound a large store would spend more on snapshots the larger it grows. With it, building
-/// snapshots writes at most about twice what the log does. A snapshot asked for through
+/// snapshots writes at most about what the log does. A snapshot asked for through
 /// `Node::request_snapshot` is triggered until one covers the index it was asked at.
 async fn snapshot_policy(raft: Raft, reader: StateReader, wanted: Arc<AtomicU64>, thresholds: SnapshotThresholds) {
     let mut tick = tokio::time::interval(SNAPSHOT_CHECK_EVERY);
@@ -743,7 +743,7 @@ impl SnapshotThresholds {
     /// has `snapshot_bytes`, call for a new one.
     fn due(&self, entries: u64, bytes: u64, snapshot_bytes: u64) -> bool {
         let due = entries >= self.scaled(self.every_entries) || bytes >= self.scaled(self.every_bytes);
-        due && bytes >= self.scaled(snapshot_bytes) / 2
+        due && bytes >= self.scaled(snapshot_bytes)
     }
 }
 
@@ -762,10 +762,10 @@ mod tests {
             .collect();
         assert_eq!(points, vec![13_400, 16_700, 10_000]);
         let by_size = SnapshotThresholds::for_node(3, 1, 1);
-        assert!(!by_size.due(5, 499, 1000), "the log is not yet half the last snapshot's size");
-        assert!(by_size.due(5, 500, 1000));
+        assert!(!by_size.due(5, 999, 1000), "the log does not yet hold the last snapshot's bytes");
+        assert!(by_size.due(5, 1000, 1000));
         let later = SnapshotThresholds::for_node(2, 1, 1);
-        assert!(!later.due(5, 800, 1000) && later.due(5, 833, 1000), "5/6 of it on a node scaled by 5/3");
+        assert!(!later.due(5, 1600, 1000) && later.due(5, 1666, 1000), "5/3 of it on a node scaled by 5/3");
     }
 
     #[test]
