@@ -1,11 +1,26 @@
 //! Benchmarks of the state store; the targets live in `benches/`. This library holds what the
 //! targets share.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-/// A loopback port nothing listens on right now.
+/// A loopback port nothing listens on right now, below the kernel's ephemeral range (32768 and
+/// up). A port the kernel hands out for `:0` is also one it hands out as the source port of
+/// outgoing connections: a NATS or etcd server dialling its peers before they listen can take
+/// the very port a peer is about to bind, and that peer exits with "address already in use".
+/// Each process starts at its own offset (by pid) and hands out each port once.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    const FIRST: u32 = 20_000;
+    const COUNT: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let offset = std::process::id().wrapping_mul(7_919) % COUNT;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (FIRST + (offset + n) % COUNT) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// The `p` quantile (0..=1) of sorted latencies, in milliseconds; NaN when there are none.
@@ -19,6 +34,17 @@ pub fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() {
+        let ports: Vec<u16> = (0..50).map(|_| free_port()).collect();
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+        for port in ports {
+            assert!((20_000..32_000).contains(&port), "{port}");
+            std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        }
+    }
 
     #[test]
     fn percentiles_pick_the_nearest_rank() {

@@ -7,7 +7,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,11 +16,28 @@ use anyhow::{bail, Context};
 /// How long a stopped child may take to exit after SIGTERM before it gets SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
 
+/// The last `n` lines of the file at `path`, indented; a note when it cannot be read.
+fn last_lines(path: &Path, n: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(n)..]
+                .iter()
+                .map(|line| format!("    {line}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        }
+        Err(error) => format!("    ({} cannot be read: {error})", path.display()),
+    }
+}
+
 /// A running child process, stopped (SIGTERM, then SIGKILL) when dropped.
 pub struct Process {
     name: String,
     child: Child,
     exited: Option<ExitStatus>,
+    log: PathBuf,
 }
 
 impl Process {
@@ -40,7 +57,7 @@ impl Process {
             });
         }
         let child = command.spawn().with_context(|| format!("starting {name} ({command:?})"))?;
-        Ok(Process { name, child, exited: None })
+        Ok(Process { name, child, exited: None, log: log.to_path_buf() })
     }
 
     pub fn name(&self) -> &str {
@@ -60,7 +77,11 @@ impl Process {
         }
         if let Some(status) = self.child.try_wait()? {
             self.exited = Some(status);
-            bail!("{} exited unexpectedly ({status})", self.name);
+            bail!(
+                "{} exited unexpectedly ({status}); the last lines of its output:\n{}",
+                self.name,
+                last_lines(&self.log, 5)
+            );
         }
         Ok(())
     }
@@ -251,6 +272,27 @@ mod tests {
         assert_eq!(parse_busy_ticks("cpu  100 5 50 1000 20 1 2 3 0 0"), Some(100 + 5 + 50 + 1 + 2 + 3));
         assert_eq!(parse_busy_ticks("cpu0 100 5 50 1000 20 1 2 3 0 0"), None, "the total line only");
         assert_eq!(parse_busy_ticks("cpu  1 2"), None);
+    }
+
+    #[test]
+    fn a_process_that_exits_on_its_own_is_reported_with_its_last_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("server.log");
+        let mut command = Command::new("sh");
+        command.args(["-c", "for i in 1 2 3 4 5 6 7; do echo line $i; done; echo address already in use >&2; exit 1"]);
+        let mut process = Process::spawn("server", command, &log).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let error = loop {
+            match process.check_running() {
+                Err(error) => break format!("{error:#}"),
+                Ok(()) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                Ok(()) => panic!("the process did not exit"),
+            }
+        };
+        assert!(error.starts_with("server exited unexpectedly (exit status: 1)"), "{error}");
+        assert!(error.contains("    address already in use") && error.contains("    line 4"), "{error}");
+        assert!(!error.contains("line 3"), "only the last five lines: {error}");
+        process.check_running().unwrap();
     }
 
     #[test]
