@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::Run;
+use super::{highest_term, Run};
 use crate::load::{start_closed, Workload};
 use crate::processes::{servers_cpu, CpuSample};
 use crate::report::{self, Table};
@@ -75,10 +75,7 @@ async fn fill_target(
     let load = start_closed(target.client.clone(), workload, inflight, recorder.clone());
     let processes = target.processes();
     let cpu_before = CpuSample::take(&processes);
-    let term_before = match &target.cluster {
-        Some(cluster) => cluster.highest_term().await,
-        None => None,
-    };
+    let term_before = highest_term(&target).await;
     let start = recorder.from();
     let mut next_mark = step.min(to);
     // The previous poll and the previous step boundary, as (seconds since start, answers).
@@ -119,10 +116,7 @@ async fn fill_target(
     load.finish().await;
     let (answered, errors) = recorder.counts();
     let cpu: f64 = cpu_before.usage_until(&cpu_after).iter().map(|(_, cpu)| cpu).sum();
-    let elections = match (&target.cluster, term_before) {
-        (Some(cluster), Some(before)) => cluster.highest_term().await.map(|after| after.saturating_sub(before)),
-        _ => None,
-    };
+    let elections = highest_term(&target).await.zip(term_before).map(|(after, before)| after.saturating_sub(before));
     run.say(format!(
         "{kind}: {} distinct keys written in {:.1} s ({} ops/s overall), {errors} errors{}; \
          CPU {cpu:.2}, other processes {:.2}",

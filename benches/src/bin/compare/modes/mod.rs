@@ -197,6 +197,7 @@ async fn leader_counters(target: &Target, leader: Option<usize>) -> (Option<f64>
     }
 }
 
+/// The highest Raft term of the cluster's nodes; `None` for other targets.
 async fn highest_term(target: &Target) -> Option<u64> {
     target.cluster.as_ref()?.highest_term().await
 }
