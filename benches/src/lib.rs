@@ -8,19 +8,26 @@ use std::time::Duration;
 /// up). A port the kernel hands out for `:0` is also one it hands out as the source port of
 /// outgoing connections: a NATS or etcd server dialling its peers before they listen can take
 /// the very port a peer is about to bind, and that peer exits with "address already in use".
-/// Each process starts at its own offset (by pid) and hands out each port once.
+/// Each process starts at its own offset (by pid) and hands out each port once. Panics, naming
+/// the range, once a whole pass over it found nothing to bind.
 pub fn free_port() -> u16 {
-    const FIRST: u32 = 20_000;
-    const COUNT: u32 = 12_000;
+    const FIRST: u16 = 20_000;
+    const COUNT: u16 = 12_000;
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let offset = std::process::id().wrapping_mul(7_919) % COUNT;
-    loop {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = (FIRST + (offset + n) % COUNT) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
+    let offset = std::process::id().wrapping_mul(7_919);
+    bindable_port(FIRST, COUNT, offset, &NEXT)
+        .unwrap_or_else(|| panic!("no loopback port free in {FIRST}..{}: every one is taken", FIRST + COUNT))
+}
+
+/// The next port of `first..first + count` (counting on from `offset + next`) that binds on
+/// loopback, trying each port of the range at most once; `None` when none does.
+fn bindable_port(first: u16, count: u16, offset: u32, next: &AtomicU32) -> Option<u16> {
+    let count = u32::from(count);
+    (0..count).find_map(|_| {
+        let n = next.fetch_add(1, Ordering::Relaxed);
+        let port = (u32::from(first) + offset.wrapping_add(n) % count) as u16;
+        std::net::TcpListener::bind(("127.0.0.1", port)).is_ok().then_some(port)
+    })
 }
 
 /// The `p` quantile (0..=1) of sorted latencies, in milliseconds; NaN when there are none.
@@ -44,6 +51,17 @@ mod tests {
             assert!((20_000..32_000).contains(&port), "{port}");
             std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
         }
+    }
+
+    #[test]
+    fn a_range_with_every_port_taken_gives_none_after_one_pass() {
+        let taken = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let next = AtomicU32::new(0);
+        assert_eq!(bindable_port(port, 1, 0, &next), None);
+        assert_eq!(next.load(Ordering::Relaxed), 1, "each port of the range is tried once");
+        drop(taken);
+        assert_eq!(bindable_port(port, 1, 0, &next), Some(port));
     }
 
     #[test]

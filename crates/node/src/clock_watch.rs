@@ -45,13 +45,20 @@ pub struct ClockCheck {
 }
 
 impl ClockCheck {
+    /// How this node's clock now compares with the voters'.
     pub fn verdict(&self) -> ClockVerdict {
+        self.verdict_of(crate::node::now_ms())
+    }
+
+    /// How `clock_ms`, a reading of this node's clock taken just now (or a time it stamped on a
+    /// log entry), compares with the voters' clocks.
+    pub fn verdict_of(&self, clock_ms: u64) -> ClockVerdict {
         let voters: Vec<NodeId> = {
             let metrics = self.raft.metrics();
             let metrics = metrics.borrow();
             metrics.membership_config.membership().voter_ids().collect()
         };
-        let agreement = self.clocks.agreement(self.id, voters.iter().copied());
+        let agreement = self.clocks.agreement_of(self.id, voters.iter().copied(), clock_ms);
         if !agreement.holds() {
             let (peer, offset_ms) = agreement.furthest.unwrap_or_default();
             return ClockVerdict::Disagrees(format!(

@@ -128,9 +128,10 @@ impl Pipeline {
         let held = Arc::new(watch::Sender::new(false));
         let slots = Arc::new(Semaphore::new(MAX_PROPOSALS_IN_FLIGHT));
         let gates = Gates { held: held.subscribe(), slots: slots.clone() };
+        let clock_check_for_reads = clock_check.clone();
         tokio::spawn(batcher(raft.clone(), metrics.clone(), clock_check, submitted, gates, stages_tx));
         tokio::spawn(responder(metrics.clone(), notification_hook.clone(), stages_rx, reads_tx));
-        tokio::spawn(reader_task(raft, reader, reads_rx));
+        tokio::spawn(reader_task(raft, reader, clock_check_for_reads, reads_rx));
         Pipeline { submissions, notification_hook, refusal: Arc::default(), held, slots, metrics }
     }
 
@@ -261,8 +262,13 @@ async fn batcher(
             drop(slot);
         } else {
             metrics.observe_batch(batch.len(), bytes);
+            // A clock the batch carries ahead of this node's must agree too: one that jumped
+            // ahead and back between an entry's stamp and this check would otherwise move every
+            // replica's clock forward for good. (One behind is harmless: apply's clock never
+            // goes back.)
+            let carried = batch.iter().map(|entry| entry.wall_clock_ms).max().filter(|latest| *latest > now_ms());
             let clock = match &clock_check {
-                Some(check) => clock_allows(&raft, check).await,
+                Some(check) => clock_allows(&raft, check, carried).await,
                 None => Ok(()),
             };
             let proposed = match clock {
@@ -284,16 +290,22 @@ async fn batcher(
     }
 }
 
-/// Whether this node may propose now, as far as clocks go: a leader whose clock disagrees with
-/// most voters' may not (the entry would carry its clock into every replica's state machine); one
-/// that does not know enough voters' clocks yet waits for them, up to [`CLOCK_WAIT`].
-async fn clock_allows(raft: &Raft, check: &ClockCheck) -> Result<(), String> {
+/// Whether this node may propose or serve reads now, as far as clocks go: a leader whose clock
+/// disagrees with most voters' may not (an entry would carry its clock into every replica's
+/// state machine; a read would find values lapsed early or late), nor at `reading`, a time it
+/// stamped or read its clock at just before; one that does not know enough voters' clocks yet
+/// waits for them, up to [`CLOCK_WAIT`].
+async fn clock_allows(raft: &Raft, check: &ClockCheck, reading: Option<u64>) -> Result<(), String> {
     if raft.metrics().borrow().state != openraft::ServerState::Leader {
         return Ok(());
     }
     let deadline = Instant::now() + CLOCK_WAIT;
     loop {
-        match check.verdict() {
+        let verdict = match check.verdict() {
+            ClockVerdict::Agrees => reading.map_or(ClockVerdict::Agrees, |reading| check.verdict_of(reading)),
+            other => other,
+        };
+        match verdict {
             ClockVerdict::Agrees => return Ok(()),
             ClockVerdict::Disagrees(why) => return Err(why),
             ClockVerdict::Unknown if Instant::now() >= deadline => return Ok(()),
@@ -359,14 +371,24 @@ async fn responder(
     }
 }
 
-/// Serves reads: all reads waiting at one moment share one leadership confirmation.
-async fn reader_task(raft: Raft, reader: StateReader, mut batches: mpsc::UnboundedReceiver<Vec<(Request, Answer)>>) {
+/// Serves reads: all reads waiting at one moment share one leadership confirmation. Reads judge
+/// expiry by this node's clock, so with a `clock_check` a leader whose clock disagrees with most
+/// voters' serves none (it would find values lapsed early, or keep them past their time).
+async fn reader_task(
+    raft: Raft,
+    reader: StateReader,
+    clock_check: Option<ClockCheck>,
+    mut batches: mpsc::UnboundedReceiver<Vec<(Request, Answer)>>,
+) {
     while let Some(mut waiting) = batches.recv().await {
         while let Ok(more) = batches.try_recv() {
             waiting.extend(more);
         }
-        let confirmed = ensure_linearizable(&raft).await;
+        let mut confirmed = ensure_linearizable(&raft).await;
         let now = now_ms();
+        if let (Ok(()), Some(check)) = (&confirmed, &clock_check) {
+            confirmed = clock_allows(&raft, check, Some(now)).await.map_err(ExecuteError::Unavailable);
+        }
         for (request, answer) in waiting {
             let outcome = confirmed.clone().and_then(|()| match reader.read(&request, now) {
                 Ok(Some(reply)) => Ok(Outcome::Read(reply)),

@@ -213,25 +213,7 @@ async fn a_node_whose_clock_is_off_leads_only_as_a_last_resort_and_hands_over() 
 /// machine's clock would then run 30 s ahead for good, and every such key would be gone at once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_clock_jumps_asks_a_voter_to_stand_at_once() {
-    let mut cluster = Cluster::prepare(3, &[]);
-    let mut offsets = BTreeMap::new();
-    for id in 1..=3 {
-        let file = cluster.dir.path().join(format!("clock-offset-{id}"));
-        std::fs::write(&file, "+0").unwrap();
-        cluster.nodes.get_mut(&id).unwrap().env = vec![
-            ("LD_PRELOAD".into(), LIBFAKETIME.into()),
-            ("FAKETIME_TIMESTAMP_FILE".into(), file.display().to_string()),
-            // Read again every second.
-            ("FAKETIME_CACHE_DURATION".into(), "1".into()),
-            ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
-            ("FAKETIME_DONT_RESET".into(), "1".into()),
-        ];
-        offsets.insert(id, file);
-    }
-    for id in 1..=3 {
-        cluster.spawn(id);
-    }
-    cluster.wait_ready().await;
+    let (cluster, offsets) = cluster_with_clock_files().await;
     let old = leader_among(&cluster, &[1, 2, 3], &[1, 2, 3]).await;
     let others: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
     assert_eq!(cluster.set(old, "before", "v").await.unwrap().response, Response::Ok);
@@ -284,6 +266,70 @@ async fn a_leader_whose_clock_jumps_asks_a_voter_to_stand_at_once() {
         assert_eq!(read.as_ref().ok(), Some(&Response::Value(b"v".to_vec())), "{key}: {read:?}\n{}", cluster.logs());
     }
     println!("{} writes acknowledged by node {old} as its clock jumped, each there", acknowledged.len());
+}
+
+/// A leader whose clock jumps 30 s ahead serves no read at its clock: reads judge expiry by the
+/// clock of the node that serves them, and at the jumped clock a value written with a 20 s `PX`
+/// has lapsed. A client reads such a value through that node all along, as the node learns of
+/// its jump and hands over: every read finds the value (or is refused), none finds it gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_clock_jumps_serves_no_read_at_its_clock() {
+    let (cluster, offsets) = cluster_with_clock_files().await;
+    let old = leader_among(&cluster, &[1, 2, 3], &[1, 2, 3]).await;
+    let others: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
+    let written = cluster.command(old, px_20_s("lasting").encode(), Some(&common::timestamp()), "").await;
+    assert_eq!(written.map(|answer| answer.response).ok(), Some(Response::Ok));
+
+    let cluster = std::sync::Arc::new(cluster);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = tokio::spawn({
+        let (cluster, stop) = (cluster.clone(), stop.clone());
+        async move {
+            let (mut found, mut gone, mut refused) = (0, 0, 0);
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                match cluster.get(old, "lasting").await.map(|answer| answer.response) {
+                    Ok(Response::Value(_)) => found += 1,
+                    Ok(Response::Nil) => gone += 1,
+                    _ => refused += 1,
+                }
+            }
+            (found, gone, refused)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::write(&offsets[&old], "+30s").unwrap();
+    let new = leader_among(&cluster, &others, &others).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (found, gone, refused) = reader.await.unwrap();
+    println!("reads through node {old} as its clock jumped and node {new} took over: {found} found the value, {gone} found it gone, {refused} refused");
+    assert_eq!(gone, 0, "reads served at node {old}'s jumped clock found the value lapsed\n{}", cluster.logs());
+    assert!(found > 0, "no read found the value");
+}
+
+/// Three nodes whose libfaketime reads each node's clock offset from a file (`+0` at first; read
+/// again every second), started and ready; node id → its file.
+async fn cluster_with_clock_files() -> (Cluster, BTreeMap<u64, std::path::PathBuf>) {
+    assert!(std::path::Path::new(LIBFAKETIME).exists(), "{LIBFAKETIME} is missing (cluster/packages.sh --tests)");
+    let mut cluster = Cluster::prepare(3, &[]);
+    let mut offsets = BTreeMap::new();
+    for id in 1..=3 {
+        let file = cluster.dir.path().join(format!("clock-offset-{id}"));
+        std::fs::write(&file, "+0").unwrap();
+        cluster.nodes.get_mut(&id).unwrap().env = vec![
+            ("LD_PRELOAD".into(), LIBFAKETIME.into()),
+            ("FAKETIME_TIMESTAMP_FILE".into(), file.display().to_string()),
+            ("FAKETIME_CACHE_DURATION".into(), "1".into()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+            ("FAKETIME_DONT_RESET".into(), "1".into()),
+        ];
+        offsets.insert(id, file);
+    }
+    for id in 1..=3 {
+        cluster.spawn(id);
+    }
+    cluster.wait_ready().await;
+    (cluster, offsets)
 }
 
 /// `SET key v PX 20000`.

@@ -84,11 +84,17 @@ impl PeerClocks {
     /// How far `peer`'s clock is ahead of this node's now (negative: behind), in ms; `None` when
     /// it was not seen within the last minute.
     pub fn offset_ms(&self, peer: NodeId) -> Option<i64> {
+        self.offset_from_ms(peer, wall_clock_ms())
+    }
+
+    /// How far `peer`'s clock is ahead of `clock_ms`, a reading of this node's clock taken just
+    /// now (negative: behind), in ms; `None` when it was not seen within the last minute.
+    pub fn offset_from_ms(&self, peer: NodeId, clock_ms: u64) -> Option<i64> {
         let reading = *self.readings.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&peer)?;
         let since = reading.at.elapsed();
         (since <= REMEMBERED).then(|| {
             let peer_now = reading.wall_clock_ms as i64 + since.as_millis() as i64;
-            peer_now - wall_clock_ms() as i64
+            peer_now - clock_ms as i64
         })
     }
 
@@ -99,9 +105,16 @@ impl PeerClocks {
 
     /// How this node's clock (`me`) compares with the known clocks of `voters`.
     pub fn agreement(&self, me: NodeId, voters: impl IntoIterator<Item = NodeId>) -> Agreement {
+        self.agreement_of(me, voters, wall_clock_ms())
+    }
+
+    /// How `clock_ms`, a reading of this node's (`me`) clock taken just now, compares with the
+    /// known clocks of `voters`: what a node checks before it serves or proposes at that reading,
+    /// so that a jump of its clock between the check and the reading cannot slip through.
+    pub fn agreement_of(&self, me: NodeId, voters: impl IntoIterator<Item = NodeId>, clock_ms: u64) -> Agreement {
         let mut agreement = Agreement { agreeing: 1, known: 1, furthest: None };
         for peer in voters.into_iter().filter(|id| *id != me) {
-            let Some(offset) = self.offset_ms(peer) else { continue };
+            let Some(offset) = self.offset_from_ms(peer, clock_ms) else { continue };
             agreement.known += 1;
             if self.agrees(offset) {
                 agreement.agreeing += 1;
@@ -137,6 +150,18 @@ mod tests {
         // Two voters that disagree: a tie, nothing tells which clock is right.
         assert!(skewed.agreement(3, [1, 3]).holds());
         assert!(skewed.agreement(3, [3]).holds(), "unknown clocks do not count");
+    }
+
+    #[test]
+    fn a_reading_is_judged_by_itself_not_by_the_clock_now() {
+        let clocks = PeerClocks::new(Duration::from_secs(1));
+        let now = wall_clock_ms();
+        clocks.observe(2, now);
+        clocks.observe(3, now + 100);
+        assert!(clocks.agreement_of(1, [1, 2, 3], now).holds());
+        assert!(!clocks.agreement_of(1, [1, 2, 3], now + 30_000).holds(), "a reading 30 s ahead");
+        assert!(!clocks.agreement_of(1, [1, 2, 3], now - 30_000).holds(), "a reading 30 s behind");
+        assert!(clocks.agreement(1, [1, 2, 3]).holds());
     }
 
     #[test]

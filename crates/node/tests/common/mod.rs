@@ -26,19 +26,20 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 /// A loopback port nothing listens on. Taken below the kernel's ephemeral range (32768 and up):
 /// a port the kernel hands out for `:0` is also one it hands out as the source port of outgoing
 /// connections, and one of those (another test's) took such a port before a node bound it. Each
-/// process starts at its own offset (by pid) and hands out each port once.
+/// process starts at its own offset (by pid) and hands out each port once. Panics, naming the
+/// range, once a whole pass over it found nothing to bind (instead of trying for ever).
 pub fn free_port() -> u16 {
     const FIRST: u32 = 20_000;
     const COUNT: u32 = 12_000;
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let offset = std::process::id().wrapping_mul(7_919) % COUNT;
-    loop {
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let port = (FIRST + (offset + n) % COUNT) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
+    (0..COUNT)
+        .find_map(|_| {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let port = (FIRST + (offset + n) % COUNT) as u16;
+            TcpListener::bind(("127.0.0.1", port)).is_ok().then_some(port)
+        })
+        .unwrap_or_else(|| panic!("no loopback port free in {FIRST}..{}", FIRST + COUNT))
 }
 
 pub fn now_ms() -> u64 {

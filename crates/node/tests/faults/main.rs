@@ -16,8 +16,13 @@
 //! - `broker`: the leader's link to the broker is cut for 3 s;
 //! - `disk`: the leader's `fsync`s stall for 3 s (a preloaded library makes them wait,
 //!   `common::disk`);
-//! - `clock`: a follower is restarted with its wall clock 30 s ahead (libfaketime) for 6 s, then
-//!   restarted with the true time.
+//! - `clock`: a follower is restarted with its wall clock 30 s ahead for 6 s, then restarted
+//!   with the true time;
+//! - `clock-leader`: the leader's wall clock jumps 30 s ahead or behind while it runs, and back
+//!   after 6 s.
+//!
+//! Every node runs under libfaketime (Debian `faketime`), which reads the node's clock offset
+//! from a file the suite rewrites (again every second).
 //!
 //! A watcher has registered for every key's notifications (`KEYNOTIFY`) before the calls begin;
 //! a second one too, which stops watching every key (`KEYNOTIFY … STOP`) halfway through.
@@ -78,10 +83,11 @@ enum Fault {
     Broker,
     Disk,
     Clock,
+    ClockLeader,
 }
 
 impl Fault {
-    const ALL: [Fault; 8] = [
+    const ALL: [Fault; 9] = [
         Fault::Kill,
         Fault::KillAll,
         Fault::Pause,
@@ -90,6 +96,7 @@ impl Fault {
         Fault::Broker,
         Fault::Disk,
         Fault::Clock,
+        Fault::ClockLeader,
     ];
 
     fn name(self) -> &'static str {
@@ -102,6 +109,7 @@ impl Fault {
             Fault::Broker => "broker",
             Fault::Disk => "disk",
             Fault::Clock => "clock",
+            Fault::ClockLeader => "clock-leader",
         }
     }
 }
@@ -124,8 +132,8 @@ struct Rig {
     broker_links: BTreeMap<u64, Gate>,
     /// The files that stall a node's `fsync`s while they exist.
     disks: FaultyDisks,
-    /// node → the environment of its faulty disk (`common::disk`), which every start keeps.
-    disk_env: BTreeMap<u64, Vec<(String, String)>>,
+    /// node → the file its libfaketime reads its clock's offset from (`+0`: the true time).
+    clock_offsets: BTreeMap<u64, std::path::PathBuf>,
     http: reqwest::Client,
 }
 
@@ -141,10 +149,20 @@ impl Rig {
         }
         let library = common::disk::faulty_disk_library(cluster.dir.path());
         let disks = FaultyDisks { dir: cluster.dir.path().to_path_buf() };
-        let mut disk_env = BTreeMap::new();
+        let mut clock_offsets = BTreeMap::new();
         for (&id, node) in cluster.nodes.iter_mut() {
+            let clock_offset = cluster.dir.path().join(format!("clock-offset-{id}"));
+            std::fs::write(&clock_offset, "+0").unwrap();
             node.env = disks.env(&library, id, &node.data_dir);
-            disk_env.insert(id, node.env.clone());
+            let (_, preload) = node.env.iter_mut().find(|(name, _)| name == "LD_PRELOAD").expect("the disk library");
+            *preload = format!("{preload} {LIBFAKETIME}");
+            node.env.extend([
+                ("FAKETIME_TIMESTAMP_FILE".into(), clock_offset.display().to_string()),
+                ("FAKETIME_CACHE_DURATION".into(), "1".into()),
+                ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+                ("FAKETIME_DONT_RESET".into(), "1".into()),
+            ]);
+            clock_offsets.insert(id, clock_offset);
             node.args = vec![
                 "--broker".into(),
                 format!("127.0.0.1:{}", broker_links[&id].port),
@@ -157,7 +175,7 @@ impl Rig {
         }
         cluster.wait_ready().await;
         let http = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap();
-        Rig { broker, cluster, links, broker_links, disks, disk_env, http }
+        Rig { broker, cluster, links, broker_links, disks, clock_offsets, http }
     }
 
     /// The leader that the nodes answering within 500 ms agree on, waiting up to 30 s.
@@ -185,6 +203,12 @@ impl Rig {
 
     fn cut_off(&self, node: u64, cut: bool) {
         self.links.cut_off(node, cut);
+    }
+
+    /// Sets node `id`'s wall clock to the true time moved by `offset` (libfaketime's form:
+    /// `+30s`, `-30s`, `+0`); a running node reads it within a second.
+    fn set_clock(&self, id: u64, offset: &str) {
+        std::fs::write(&self.clock_offsets[&id], offset).unwrap();
     }
 
     /// Injects one fault and heals it; returns when it is healed (a restarted node ready again,
@@ -240,22 +264,24 @@ impl Rig {
             }
             Fault::Clock => {
                 self.cluster.kill(follower);
-                let mut env = self.disk_env[&follower].clone();
-                let (_, preload) = env.iter_mut().find(|(name, _)| name == "LD_PRELOAD").expect("the disk library");
-                *preload = format!("{preload} {LIBFAKETIME}");
-                env.extend([
-                    ("FAKETIME".into(), "+30s".into()),
-                    ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
-                    ("FAKETIME_DONT_RESET".into(), "1".into()),
-                ]);
-                self.cluster.nodes.get_mut(&follower).unwrap().env = env;
+                self.set_clock(follower, "+30s");
                 self.cluster.spawn(follower);
                 tokio::time::sleep(Duration::from_secs(6)).await;
                 self.cluster.kill(follower);
-                self.cluster.nodes.get_mut(&follower).unwrap().env = self.disk_env[&follower].clone();
+                self.set_clock(follower, "+0");
                 self.cluster.spawn(follower);
                 self.cluster.wait_ready().await;
                 format!("node {follower} (follower) ran 30 s ahead for 6 s")
+            }
+            Fault::ClockLeader => {
+                let offset = if fastrand::bool() { "+30s" } else { "-30s" };
+                self.set_clock(leader, offset);
+                tokio::time::sleep(Duration::from_secs(6)).await;
+                self.set_clock(leader, "+0");
+                // Until its libfaketime reads the file again, the node still runs off.
+                tokio::time::sleep(Duration::from_millis(1_200)).await;
+                self.cluster.wait_ready().await;
+                format!("node {leader} (leader): wall clock {offset} for 6 s, while it ran")
             }
         }
     }
