@@ -17,7 +17,7 @@ use statestore_raft::{
 };
 use statestore_statemachine::{Applied, ClientRequest, Config as MachineConfig, Entry, Operation, Reply};
 
-use crate::clock_watch::ClockCheck;
+use crate::clock_watch::{ClockCheck, ClockVerdict};
 use crate::config::NodeConfig;
 use crate::leader::Leader;
 use crate::metrics::Metrics;
@@ -316,9 +316,14 @@ impl Node {
         if request.request.command.is_read() {
             return self.read(&request.request, ReadConsistency::Linearizable).await;
         }
-        // Refuse skewed requests before they take a log entry; apply checks again.
+        // Refuse skewed requests before they take a log entry; apply checks again. The
+        // request's clock may be the right one: a node whose own clock disagrees with most
+        // voters' refuses as it refuses every proposal then, which the client may retry.
         let now = now_ms();
         if let Err(error) = request.request.check_clock_skew(now) {
+            if let ClockVerdict::Disagrees(why) = self.clock_check.verdict_of(now) {
+                return Err(ExecuteError::Unavailable(why));
+            }
             return Ok(Reply::error(error));
         }
         let wall_clock_ms = proposal_clock(&request.request, now);

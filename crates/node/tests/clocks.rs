@@ -307,6 +307,49 @@ async fn a_leader_whose_clock_jumps_serves_no_read_at_its_clock() {
     assert!(found > 0, "no read found the value");
 }
 
+/// A leader whose clock jumps 90 s behind blames no client for it: a write stamped with the true
+/// time looks 90 s ahead of its clock, beyond the 60 s a request's timestamp may lead, and until
+/// it hands over it refuses such writes as a leader whose clock disagrees (a refusal the client
+/// may retry), never with `-ERR` for the client's timestamp, an answer a client takes as final.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_clock_jumps_behind_blames_no_client_for_it() {
+    let (cluster, offsets) = cluster_with_clock_files().await;
+    let old = leader_among(&cluster, &[1, 2, 3], &[1, 2, 3]).await;
+    let others: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
+    let cluster = std::sync::Arc::new(cluster);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = tokio::spawn({
+        let (cluster, stop) = (cluster.clone(), stop.clone());
+        async move {
+            let (mut taken, mut blamed, mut refused) = (0, Vec::new(), 0);
+            for n in 0.. {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let set = px_20_s(&format!("during-{n}"));
+                match cluster.command(old, set.encode(), Some(&common::timestamp()), "").await {
+                    Ok(answer) if answer.response == Response::Ok => taken += 1,
+                    Ok(answer) => blamed.push(answer.response),
+                    Err(_) => refused += 1,
+                }
+            }
+            (taken, blamed, refused)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::write(&offsets[&old], "-90s").unwrap();
+    let new = leader_among(&cluster, &others, &others).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (taken, blamed, refused) = writer.await.unwrap();
+    println!(
+        "writes through node {old} as its clock jumped back and node {new} took over: {taken} taken, {} answered -ERR, {refused} refused",
+        blamed.len()
+    );
+    assert!(blamed.is_empty(), "writes answered {:?}\n{}", blamed.first(), cluster.logs());
+    assert!(taken > 0, "no write was taken");
+}
+
 /// Three nodes whose libfaketime reads each node's clock offset from a file (`+0` at first; read
 /// again every second), started and ready; node id → its file.
 async fn cluster_with_clock_files() -> (Cluster, BTreeMap<u64, std::path::PathBuf>) {

@@ -18,8 +18,8 @@
 //!   `common::disk`);
 //! - `clock`: a follower is restarted with its wall clock 30 s ahead for 6 s, then restarted
 //!   with the true time;
-//! - `clock-leader`: the leader's wall clock jumps 30 s ahead or behind while it runs, and back
-//!   after 6 s.
+//! - `clock-leader`: the leader's wall clock jumps 30 s ahead or 90 s behind (beyond the 60 s a
+//!   request's timestamp may lead) while it runs, and back after 6 s.
 //!
 //! Every node runs under libfaketime (Debian `faketime`), which reads the node's clock offset
 //! from a file the suite rewrites (again every second).
@@ -274,7 +274,7 @@ impl Rig {
                 format!("node {follower} (follower) ran 30 s ahead for 6 s")
             }
             Fault::ClockLeader => {
-                let offset = if fastrand::bool() { "+30s" } else { "-30s" };
+                let offset = if fastrand::bool() { "+30s" } else { "-90s" };
                 self.set_clock(leader, offset);
                 tokio::time::sleep(Duration::from_secs(6)).await;
                 self.set_clock(leader, "+0");
