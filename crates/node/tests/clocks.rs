@@ -276,33 +276,19 @@ async fn a_leader_whose_clock_jumps_asks_a_voter_to_stand_at_once() {
 async fn a_leader_whose_clock_jumps_serves_no_read_at_its_clock() {
     let (cluster, offsets) = cluster_with_clock_files().await;
     let old = leader_among(&cluster, &[1, 2, 3], &[1, 2, 3]).await;
-    let others: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
     let written = cluster.command(old, px_20_s("lasting").encode(), Some(&common::timestamp()), "").await;
     assert_eq!(written.map(|answer| answer.response).ok(), Some(Response::Ok));
-
-    let cluster = std::sync::Arc::new(cluster);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reader = tokio::spawn({
-        let (cluster, stop) = (cluster.clone(), stop.clone());
-        async move {
-            let (mut found, mut gone, mut refused) = (0, 0, 0);
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                match cluster.get(old, "lasting").await.map(|answer| answer.response) {
-                    Ok(Response::Value(_)) => found += 1,
-                    Ok(Response::Nil) => gone += 1,
-                    _ => refused += 1,
-                }
-            }
-            (found, gone, refused)
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    std::fs::write(&offsets[&old], "+30s").unwrap();
-    let new = leader_among(&cluster, &others, &others).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let (found, gone, refused) = reader.await.unwrap();
-    println!("reads through node {old} as its clock jumped and node {new} took over: {found} found the value, {gone} found it gone, {refused} refused");
+    let (cluster, new, reads) =
+        calls_while_the_leader_jumps(cluster, &offsets, old, "+30s", move |cluster, _| async move {
+            cluster.get(old, "lasting").await.map(|answer| answer.response)
+        })
+        .await;
+    let found = reads.iter().filter(|read| matches!(read, Ok(Response::Value(_)))).count();
+    let gone = reads.iter().filter(|read| matches!(read, Ok(Response::Nil))).count();
+    println!(
+        "reads through node {old} as its clock jumped and node {new} took over: {found} found the value, {gone} found it gone, {} refused",
+        reads.len() - found - gone
+    );
     assert_eq!(gone, 0, "reads served at node {old}'s jumped clock found the value lapsed\n{}", cluster.logs());
     assert!(found > 0, "no read found the value");
 }
@@ -315,39 +301,59 @@ async fn a_leader_whose_clock_jumps_serves_no_read_at_its_clock() {
 async fn a_leader_whose_clock_jumps_behind_blames_no_client_for_it() {
     let (cluster, offsets) = cluster_with_clock_files().await;
     let old = leader_among(&cluster, &[1, 2, 3], &[1, 2, 3]).await;
-    let others: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
-    let cluster = std::sync::Arc::new(cluster);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = tokio::spawn({
-        let (cluster, stop) = (cluster.clone(), stop.clone());
-        async move {
-            let (mut taken, mut blamed, mut refused) = (0, Vec::new(), 0);
-            for n in 0.. {
-                if stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    break;
-                }
-                let set = px_20_s(&format!("during-{n}"));
-                match cluster.command(old, set.encode(), Some(&common::timestamp()), "").await {
-                    Ok(answer) if answer.response == Response::Ok => taken += 1,
-                    Ok(answer) => blamed.push(answer.response),
-                    Err(_) => refused += 1,
-                }
-            }
-            (taken, blamed, refused)
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    std::fs::write(&offsets[&old], "-90s").unwrap();
-    let new = leader_among(&cluster, &others, &others).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let (taken, blamed, refused) = writer.await.unwrap();
+    let (cluster, new, writes) =
+        calls_while_the_leader_jumps(cluster, &offsets, old, "-90s", move |cluster, n| async move {
+            let set = px_20_s(&format!("during-{n}"));
+            cluster.command(old, set.encode(), Some(&common::timestamp()), "").await.map(|answer| answer.response)
+        })
+        .await;
+    let taken = writes.iter().filter(|write| matches!(write, Ok(Response::Ok))).count();
+    let blamed: Vec<&Response> =
+        writes.iter().filter_map(|write| write.as_ref().ok()).filter(|r| **r != Response::Ok).collect();
     println!(
-        "writes through node {old} as its clock jumped back and node {new} took over: {taken} taken, {} answered -ERR, {refused} refused",
-        blamed.len()
+        "writes through node {old} as its clock jumped back and node {new} took over: {taken} taken, {} answered -ERR, {} refused",
+        blamed.len(),
+        writes.len() - taken - blamed.len()
     );
     assert!(blamed.is_empty(), "writes answered {:?}\n{}", blamed.first(), cluster.logs());
     assert!(taken > 0, "no write was taken");
+}
+
+/// Makes `call(cluster, n)` (n = 0, 1, …) back to back, one at a time, from 300 ms before node
+/// `old`'s clock jumps by `offset` (libfaketime's form) until 300 ms after another node leads;
+/// gives back the cluster, the new leader and every call's result in order.
+async fn calls_while_the_leader_jumps<T, Call, Made>(
+    cluster: Cluster,
+    offsets: &BTreeMap<u64, std::path::PathBuf>,
+    old: u64,
+    offset: &str,
+    call: Call,
+) -> (std::sync::Arc<Cluster>, u64, Vec<T>)
+where
+    T: Send + 'static,
+    Call: Fn(std::sync::Arc<Cluster>, usize) -> Made + Send + 'static,
+    Made: std::future::Future<Output = T> + Send,
+{
+    let others: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
+    let cluster = std::sync::Arc::new(cluster);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let caller = tokio::spawn({
+        let (cluster, stop) = (cluster.clone(), stop.clone());
+        async move {
+            let mut results = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                results.push(call(cluster.clone(), results.len()).await);
+            }
+            results
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::write(&offsets[&old], offset).unwrap();
+    let new = leader_among(&cluster, &others, &others).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let results = caller.await.unwrap();
+    (cluster, new, results)
 }
 
 /// Three nodes whose libfaketime reads each node's clock offset from a file (`+0` at first; read
