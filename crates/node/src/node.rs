@@ -371,6 +371,12 @@ impl Node {
         crate::pipeline::ensure_linearizable(&self.raft).await
     }
 
+    /// [`Node::ensure_linearizable`] bounded by `within`: false when no round in that time
+    /// reached a quorum (or another node leads).
+    pub async fn confirms_leadership_within(&self, within: Duration) -> bool {
+        crate::pipeline::confirm_leadership_within(&self.raft, within).await.is_ok()
+    }
+
     /// Watches the MQTT front end's broker connection (true while connected): `/ready` reports
     /// it, and leadership follows it (`broker_watch`). Set once; later calls are ignored.
     pub fn follow_broker(self: &Arc<Self>, connected: tokio::sync::watch::Receiver<bool>) {

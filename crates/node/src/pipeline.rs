@@ -405,8 +405,14 @@ async fn reader_task(
 /// gives each one the heartbeat interval, so a peer that stalls for 50 ms on a loaded machine
 /// misses it) is tried again until [`PROPOSAL_TIMEOUT`], as a write would wait for its commit.
 pub async fn ensure_linearizable(raft: &Raft) -> Result<(), ExecuteError> {
+    confirm_leadership_within(raft, PROPOSAL_TIMEOUT).await
+}
+
+/// [`ensure_linearizable`] bounded by `within` instead of [`PROPOSAL_TIMEOUT`]: rounds that reach
+/// no quorum are tried again until then; one that learns of another leader ends it at once.
+pub async fn confirm_leadership_within(raft: &Raft, within: Duration) -> Result<(), ExecuteError> {
     use openraft::error::CheckIsLeaderError;
-    let deadline = tokio::time::Instant::now() + PROPOSAL_TIMEOUT;
+    let deadline = tokio::time::Instant::now() + within;
     loop {
         let confirmed = tokio::time::timeout_at(deadline, raft.ensure_linearizable()).await;
         let no_quorum = match confirmed {

@@ -224,31 +224,13 @@ async fn a_leader_whose_clock_jumps_asks_a_voter_to_stand_at_once() {
     }
     let term = cluster.status(old).await.unwrap()["term"].as_u64().unwrap();
 
-    let cluster = std::sync::Arc::new(cluster);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = tokio::spawn({
-        let (cluster, stop) = (cluster.clone(), stop.clone());
-        async move {
-            let mut acknowledged = Vec::new();
-            for n in 0.. {
-                if stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    break;
-                }
-                let key = format!("during-{n}");
-                let answer = cluster.command(old, px_20_s(&key).encode(), Some(&common::timestamp()), "").await;
-                if answer.is_ok_and(|answer| answer.response == Response::Ok) {
-                    acknowledged.push(key);
-                }
-            }
-            acknowledged
-        }
-    });
-    std::fs::write(&offsets[&old], "+30s").unwrap();
-    let jumped = Instant::now();
-    let new = leader_among(&cluster, &others, &others).await;
-    println!("node {new} led {} ms after node {old}'s clock jumped", jumped.elapsed().as_millis());
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let acknowledged = writer.await.unwrap();
+    let write = move |cluster: std::sync::Arc<Cluster>, n: usize| async move {
+        let key = format!("during-{n}");
+        let answer = cluster.command(old, px_20_s(&key).encode(), Some(&common::timestamp()), "").await;
+        answer.is_ok_and(|answer| answer.response == Response::Ok).then_some(key)
+    };
+    let (cluster, new, written) = calls_while_the_leader_jumps(cluster, &offsets, old, "+30s", write).await;
+    let acknowledged: Vec<String> = written.into_iter().flatten().collect();
     assert!(!acknowledged.is_empty(), "no write before the jump was acknowledged");
     let logs = cluster.logs();
     assert!(logs.contains("handing leadership over: this node's clock disagrees"), "node {old} handed over\n{logs}");

@@ -393,53 +393,6 @@ fn a_cluster_secret_that_is_too_short_is_refused_naming_the_limit() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("STATESTORE_CLUSTER_SECRET"));
 }
 
-/// Between a commit and its apply (a millisecond under load) a node is not behind: `/ready` must
-/// not flap to 503 while a healthy cluster takes a steady stream of writes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ready_does_not_flap_under_a_steady_write_load() {
-    let cluster = Cluster::start(3, &[]).await;
-    cluster.wait_ready().await;
-    let leader = cluster.wait_leader().await;
-    let writing = std::sync::atomic::AtomicBool::new(true);
-    let writers = async {
-        let writer = |w: usize| {
-            let (cluster, writing) = (&cluster, &writing);
-            async move {
-                let mut i = 0;
-                while writing.load(std::sync::atomic::Ordering::Relaxed) {
-                    cluster.set(leader, &format!("steady-{w}-{}", i % 100), "v").await.expect("a write");
-                    i += 1;
-                }
-                i
-            }
-        };
-        futures::future::join_all((0..8).map(writer)).await.into_iter().sum::<usize>()
-    };
-    let probes = async {
-        let (mut checks, mut not_ready) = (0, Vec::new());
-        let started = std::time::Instant::now();
-        while started.elapsed() < Duration::from_secs(4) {
-            for id in cluster.running() {
-                let response = cluster.http.get(format!("{}/ready", cluster.url(id))).send().await.unwrap();
-                checks += 1;
-                if response.status() != 200 {
-                    not_ready.push((id, response.text().await.unwrap()));
-                }
-            }
-        }
-        writing.store(false, std::sync::atomic::Ordering::Relaxed);
-        (checks, not_ready)
-    };
-    let (writes, (checks, not_ready)) = tokio::join!(writers, probes);
-    assert!(writes > 200 && checks > 200, "{writes} writes, {checks} checks");
-    assert!(
-        not_ready.is_empty(),
-        "{} of {checks} checks said not ready: {:?}",
-        not_ready.len(),
-        &not_ready[..not_ready.len().min(5)]
-    );
-}
-
 /// A follower forwards at most the command body limit (16 MiB): a larger `/v1/command` is
 /// answered 413 `too_large` there, naming the limit, and nothing reaches the leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

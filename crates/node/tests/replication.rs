@@ -478,6 +478,72 @@ async fn a_paused_leader_is_replaced_and_follows_once_resumed() {
     assert_eq!(read.response, Response::Value(b"v".to_vec()));
 }
 
+/// Between a commit and its apply (a millisecond under load) a node is not behind, and a leader
+/// whose followers answer a round of heartbeats late (each has 50 ms, and a follower answers
+/// once its pending appends are on disk) still leads a quorum: `/ready` must not flap to 503
+/// while a healthy cluster takes a steady stream of writes and both followers' disks hiccup
+/// together (their `fsync`s stalled for real for 150 ms every half second, as a disk the nodes
+/// share does when another writer flushes a burst) — a hiccup is shorter than any lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_does_not_flap_under_writes_while_the_followers_disks_hiccup() {
+    const HICCUP: Duration = Duration::from_millis(150);
+    let (cluster, disks, leader) = with_faulty_disks(&[]).await;
+    let followers: Vec<u64> = cluster.running().into_iter().filter(|id| *id != leader).collect();
+    let writing = std::sync::atomic::AtomicBool::new(true);
+    let writers = async {
+        let writer = |w: usize| {
+            let (cluster, writing) = (&cluster, &writing);
+            async move {
+                let mut i = 0;
+                while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                    cluster.set(leader, &format!("steady-{w}-{}", i % 100), "v").await.expect("a write");
+                    i += 1;
+                }
+                i
+            }
+        };
+        futures::future::join_all((0..8).map(writer)).await.into_iter().sum::<usize>()
+    };
+    let hiccups = async {
+        let mut hiccups = 0;
+        while writing.load(std::sync::atomic::Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(350)).await;
+            for id in &followers {
+                std::fs::write(disks.stall(*id), "").unwrap();
+            }
+            tokio::time::sleep(HICCUP).await;
+            for id in &followers {
+                std::fs::remove_file(disks.stall(*id)).unwrap();
+            }
+            hiccups += 1;
+        }
+        hiccups
+    };
+    let probes = async {
+        let (mut checks, mut not_ready) = (0, Vec::new());
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(4) {
+            for id in cluster.running() {
+                let response = cluster.http.get(format!("{}/ready", cluster.url(id))).send().await.unwrap();
+                checks += 1;
+                if response.status() != 200 {
+                    not_ready.push((id, response.text().await.unwrap()));
+                }
+            }
+        }
+        writing.store(false, std::sync::atomic::Ordering::Relaxed);
+        (checks, not_ready)
+    };
+    let (writes, hiccups, (checks, not_ready)) = tokio::join!(writers, hiccups, probes);
+    assert!(writes > 200 && checks > 200 && hiccups >= 6, "{writes} writes, {checks} checks, {hiccups} hiccups");
+    assert!(
+        not_ready.is_empty(),
+        "{} of {checks} checks said not ready: {:?}",
+        not_ready.len(),
+        &not_ready[..not_ready.len().min(5)]
+    );
+}
+
 /// Three nodes whose `fsync`s can be stalled or made to fail and whose disks can fill up
 /// (`FaultyDisks`), started, with a leader and every member enrolled.
 async fn with_faulty_disks(args: &[&str]) -> (Cluster, FaultyDisks, u64) {
