@@ -118,6 +118,10 @@ pub struct Node {
     /// True once the node stops taking Raft messages: its appends streams close at the next
     /// frame, before Raft stops, as its HTTP server stops taking requests.
     closed_to_peers: tokio::sync::watch::Sender<bool>,
+    /// Held shared by each Raft call an appends stream makes ([`Node::call_from_peer`]); the stop
+    /// takes it exclusively once it has closed to peers, so that Raft stops only after those
+    /// calls returned (openraft logs a call that its stop cut off as an error).
+    peer_calls: tokio::sync::RwLock<()>,
     /// Held while leadership is being moved ([`Node::move_leadership`]): one move at a time.
     moving: tokio::sync::Mutex<()>,
 }
@@ -236,6 +240,7 @@ impl Node {
             peer_health,
             duties: std::sync::Mutex::default(),
             closed_to_peers: tokio::sync::watch::Sender::new(false),
+            peer_calls: tokio::sync::RwLock::new(()),
             moving: tokio::sync::Mutex::new(()),
         });
         node.metrics.watch(node.clone());
@@ -615,6 +620,26 @@ impl Node {
         self.closed_to_peers.send_replace(true);
     }
 
+    /// Runs `call`, a Raft call for a peer's message, unless the node has stopped taking them
+    /// ([`Node::close_to_peers`]): `None` then. The stop waits for the calls in flight.
+    pub async fn call_from_peer<F: std::future::Future>(&self, call: F) -> Option<F::Output> {
+        let _in_flight = self.peer_calls.read().await;
+        if *self.closed_to_peers.borrow() {
+            return None;
+        }
+        Some(call.await)
+    }
+
+    /// Waits, for [`PEER_CALLS_END_WITHIN`] at most, until no Raft call for a peer's message
+    /// runs; after [`Node::close_to_peers`], none starts.
+    async fn end_peer_calls(&self) {
+        if tokio::time::timeout(PEER_CALLS_END_WITHIN, self.peer_calls.write()).await.is_err() {
+            tracing::warn!(
+                "a Raft call for a peer was still running {PEER_CALLS_END_WITHIN:?} after the stop; stopping Raft regardless"
+            );
+        }
+    }
+
     /// Completes once the node stops taking Raft messages ([`Node::close_to_peers`]).
     pub fn peers_closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut closed = self.closed_to_peers.subscribe();
@@ -623,13 +648,14 @@ impl Node {
         }
     }
 
-    /// Ends the node's background tasks and refuses new requests, then stops Raft (no more
-    /// votes, appends or applies), then writes what was applied to disk, so that the node does
+    /// Ends the node's background tasks and its peers' calls in flight and refuses new requests,
+    /// then stops Raft (no more votes, appends or applies), then writes what was applied to disk, so that the node does
     /// not apply the log again when it starts. When Raft stopped without an error, the log's
     /// range is recorded too, so that the next start finds entries lost meanwhile.
     pub async fn shutdown(&self) {
         self.close_to_peers();
         self.end_duties().await;
+        self.end_peer_calls().await;
         self.pipeline.refuse(Some("this node is stopping".into()));
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft did not stop cleanly");
@@ -686,6 +712,9 @@ impl Node {
 
 /// How long a stopping node waits for its aborted background tasks to end.
 const DUTIES_END_WITHIN: Duration = Duration::from_secs(1);
+/// How long a stopping node waits for the Raft calls its appends streams made to return (a
+/// follower's append returns once it is on disk).
+const PEER_CALLS_END_WITHIN: Duration = Duration::from_secs(1);
 
 /// How often the snapshot policy looks at the log.
 const SNAPSHOT_CHECK_EVERY: Duration = Duration::from_millis(200);

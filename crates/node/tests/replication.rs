@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::disk::FaultyDisks;
+use common::disk::cluster_with_faulty_disks;
 use common::{elections_started, metric, Cluster, Refused, DEADLINE};
 use statestore_node::server::EXIT_STORAGE_FAILED;
 use statestore_protocol::Response;
@@ -487,7 +487,7 @@ async fn a_paused_leader_is_replaced_and_follows_once_resumed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_does_not_flap_under_writes_while_the_followers_disks_hiccup() {
     const HICCUP: Duration = Duration::from_millis(150);
-    let (cluster, disks, leader) = with_faulty_disks(&[]).await;
+    let (cluster, disks, leader) = cluster_with_faulty_disks(&[]).await;
     let followers: Vec<u64> = cluster.running().into_iter().filter(|id| *id != leader).collect();
     let writing = std::sync::atomic::AtomicBool::new(true);
     let writers = async {
@@ -544,29 +544,6 @@ async fn ready_does_not_flap_under_writes_while_the_followers_disks_hiccup() {
     );
 }
 
-/// Three nodes whose `fsync`s can be stalled or made to fail and whose disks can fill up
-/// (`FaultyDisks`), started, with a leader and every member enrolled.
-async fn with_faulty_disks(args: &[&str]) -> (Cluster, FaultyDisks, u64) {
-    let mut cluster = Cluster::prepare(3, args);
-    let library = common::disk::faulty_disk_library(cluster.dir.path());
-    let disks = FaultyDisks { dir: cluster.dir.path().to_path_buf() };
-    for id in 1..=3 {
-        let node = cluster.nodes.get_mut(&id).unwrap();
-        node.env = disks.env(&library, id, &node.data_dir);
-    }
-    for id in 1..=3 {
-        cluster.spawn(id);
-    }
-    let leader = cluster.wait_leader().await;
-    cluster.wait_ready().await;
-    let started = Instant::now();
-    while cluster.status(leader).await.unwrap()["enrolled"].as_object().map_or(0, |enrolled| enrolled.len()) < 3 {
-        assert!(started.elapsed() < DEADLINE, "every member enrolled\n{}", cluster.logs());
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    (cluster, disks, leader)
-}
-
 /// Waits up to 10 s for node `id` to stop on its own because `what`, with exit code 4 and the
 /// logs naming `cause` (the operating system's words for the error).
 fn assert_stops_on_its_disk(cluster: &mut Cluster, id: u64, what: &str, cause: &str) {
@@ -588,7 +565,7 @@ fn assert_stops_on_its_disk(cluster: &mut Cluster, id: u64, what: &str, cause: &
 async fn a_leader_whose_disk_stalls_replicates_but_applies_nothing_until_it_has_flushed() {
     // With the watch that hands leadership over off (`0`; the test below has it on): were `0`
     // taken as a bound of 0 ms, the leader would hand over as soon as its disk stalled.
-    let (cluster, disks, leader) = with_faulty_disks(&["--max-log-fsync-ms", "0"]).await;
+    let (cluster, disks, leader) = cluster_with_faulty_disks(&["--max-log-fsync-ms", "0"]).await;
     assert_eq!(cluster.set(leader, "before", "v").await.unwrap().response, Response::Ok);
     let before = terms(&cluster).await;
     let followers: Vec<u64> = cluster.running().into_iter().filter(|id| *id != leader).collect();
@@ -663,7 +640,7 @@ async fn a_leader_whose_disk_stalls_replicates_but_applies_nothing_until_it_has_
 /// the writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_disk_does_not_return_hands_leadership_over() {
-    let (cluster, disks, old) = with_faulty_disks(&[]).await;
+    let (cluster, disks, old) = cluster_with_faulty_disks(&[]).await;
     let others: Vec<u64> = cluster.running().into_iter().filter(|id| *id != old).collect();
     let stood_on_request = |text: &str| elections_started(text, "handover");
     let mut asked_before = BTreeMap::new();
@@ -735,7 +712,7 @@ async fn a_leader_whose_disk_does_not_return_hands_leadership_over() {
 /// and every node agrees on every write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_log_fsync_fails_stops_and_the_others_go_on() {
-    let (mut cluster, disks, leader) = with_faulty_disks(&[]).await;
+    let (mut cluster, disks, leader) = cluster_with_faulty_disks(&[]).await;
     let follower = cluster.running().into_iter().find(|id| *id != leader).unwrap();
 
     std::fs::File::create(disks.fail(follower)).unwrap();
@@ -791,7 +768,7 @@ async fn a_node_whose_log_fsync_fails_stops_and_the_others_go_on() {
 /// leader's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_disk_fills_stops_and_the_others_go_on() {
-    let (mut cluster, disks, leader) = with_faulty_disks(&[]).await;
+    let (mut cluster, disks, leader) = cluster_with_faulty_disks(&[]).await;
     let follower = cluster.running().into_iter().find(|id| *id != leader).unwrap();
     let mut acknowledged = Vec::new();
     for full in [follower, leader] {

@@ -203,7 +203,10 @@ async fn serve_appends<S: AsyncRead + AsyncWrite + Unpin>(node: Arc<Node>, mut s
         let answer = match check_sender(&node, stamp.from, stamp.wall_clock_ms, &stamp.claims()) {
             Ok(()) => {
                 node.metrics.observe_append_served(true);
-                Ok(node.raft.append_entries(frame.request).await)
+                match node.call_from_peer(node.raft.append_entries(frame.request)).await {
+                    Some(answer) => Ok(answer),
+                    None => return,
+                }
             }
             Err(why) => Err(why),
         };

@@ -8,6 +8,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::{Cluster, DEADLINE};
 
 const SOURCE: &str = r#"
 #define _GNU_SOURCE
@@ -234,4 +237,27 @@ impl FaultyDisks {
         let faults = DiskFaults { stall: &self.stall(id), fail: &self.fail(id), full: &self.full(id), data_dir };
         faulty_disk_env(library, &faults)
     }
+}
+
+/// Three nodes whose `fsync`s can be stalled or made to fail and whose disks can fill up
+/// (`FaultyDisks`), started, with a leader and every member enrolled.
+pub async fn cluster_with_faulty_disks(args: &[&str]) -> (Cluster, FaultyDisks, u64) {
+    let mut cluster = Cluster::prepare(3, args);
+    let library = faulty_disk_library(cluster.dir.path());
+    let disks = FaultyDisks { dir: cluster.dir.path().to_path_buf() };
+    for id in 1..=3 {
+        let node = cluster.nodes.get_mut(&id).unwrap();
+        node.env = disks.env(&library, id, &node.data_dir);
+    }
+    for id in 1..=3 {
+        cluster.spawn(id);
+    }
+    let leader = cluster.wait_leader().await;
+    cluster.wait_ready().await;
+    let started = Instant::now();
+    while cluster.status(leader).await.unwrap()["enrolled"].as_object().map_or(0, |enrolled| enrolled.len()) < 3 {
+        assert!(started.elapsed() < DEADLINE, "every member enrolled\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    (cluster, disks, leader)
 }
