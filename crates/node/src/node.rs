@@ -649,9 +649,10 @@ impl Node {
     }
 
     /// Ends the node's background tasks and its peers' calls in flight and refuses new requests,
-    /// then stops Raft (no more votes, appends or applies), then writes what was applied to disk, so that the node does
-    /// not apply the log again when it starts. When Raft stopped without an error, the log's
-    /// range is recorded too, so that the next start finds entries lost meanwhile.
+    /// then stops Raft (no more votes, appends or applies), then writes what was applied to
+    /// disk, so that the node does not apply the log again when it starts. When Raft stopped
+    /// without an error, the log's range is recorded too, so that the next start finds entries
+    /// lost meanwhile.
     pub async fn shutdown(&self) {
         self.close_to_peers();
         self.end_duties().await;
