@@ -7,24 +7,17 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::gate::PeerLinks;
-use common::Cluster;
+use common::{clock, Cluster};
 use statestore_protocol::{Response, Set, SetCondition};
 
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 const DEADLINE: Duration = Duration::from_secs(20);
 
 /// Runs node `id` with its wall clock `offset` ahead (e.g. `+30s`).
 fn shift_clock(cluster: &mut Cluster, id: u64, offset: &str) {
-    assert!(
-        std::path::Path::new(LIBFAKETIME).exists(),
-        "{LIBFAKETIME} is missing: install the Debian package faketime (cluster/packages.sh --tests)"
-    );
-    cluster.nodes.get_mut(&id).unwrap().env = vec![
-        ("LD_PRELOAD".into(), LIBFAKETIME.into()),
-        ("FAKETIME".into(), offset.into()),
-        ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
-        ("FAKETIME_DONT_RESET".into(), "1".into()),
-    ];
+    clock::assert_libfaketime();
+    let mut env = vec![("LD_PRELOAD".into(), clock::LIBFAKETIME.into())];
+    env.extend(clock::fixed_offset_env(offset));
+    cluster.nodes.get_mut(&id).unwrap().env = env;
 }
 
 /// The nodes whose clocks are true in these tests; node 3's is shifted.
@@ -341,19 +334,15 @@ where
 /// Three nodes whose libfaketime reads each node's clock offset from a file (`+0` at first; read
 /// again every second), started and ready; node id → its file.
 async fn cluster_with_clock_files() -> (Cluster, BTreeMap<u64, std::path::PathBuf>) {
-    assert!(std::path::Path::new(LIBFAKETIME).exists(), "{LIBFAKETIME} is missing (cluster/packages.sh --tests)");
+    clock::assert_libfaketime();
     let mut cluster = Cluster::prepare(3, &[]);
     let mut offsets = BTreeMap::new();
     for id in 1..=3 {
         let file = cluster.dir.path().join(format!("clock-offset-{id}"));
         std::fs::write(&file, "+0").unwrap();
-        cluster.nodes.get_mut(&id).unwrap().env = vec![
-            ("LD_PRELOAD".into(), LIBFAKETIME.into()),
-            ("FAKETIME_TIMESTAMP_FILE".into(), file.display().to_string()),
-            ("FAKETIME_CACHE_DURATION".into(), "1".into()),
-            ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
-            ("FAKETIME_DONT_RESET".into(), "1".into()),
-        ];
+        let mut env = vec![("LD_PRELOAD".into(), clock::LIBFAKETIME.into())];
+        env.extend(clock::offset_file_env(&file));
+        cluster.nodes.get_mut(&id).unwrap().env = env;
         offsets.insert(id, file);
     }
     for id in 1..=3 {

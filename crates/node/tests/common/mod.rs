@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod broker;
+pub mod clock;
 pub mod disk;
 pub mod gate;
 pub mod mqtt;

@@ -67,7 +67,6 @@ const KEYS: usize = 8;
 const FENCED_FROM: usize = KEYS / 2;
 /// How long a client waits for an answer before it counts the call as unanswered.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 /// Search states the checker may visit per operation of a key's history.
 const CHECK_BUDGET_PER_OP: usize = 200;
 /// The longest pause a client takes between two calls (a random part of it, each time).
@@ -155,13 +154,8 @@ impl Rig {
             std::fs::write(&clock_offset, "+0").unwrap();
             node.env = disks.env(&library, id, &node.data_dir);
             let (_, preload) = node.env.iter_mut().find(|(name, _)| name == "LD_PRELOAD").expect("the disk library");
-            *preload = format!("{preload} {LIBFAKETIME}");
-            node.env.extend([
-                ("FAKETIME_TIMESTAMP_FILE".into(), clock_offset.display().to_string()),
-                ("FAKETIME_CACHE_DURATION".into(), "1".into()),
-                ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
-                ("FAKETIME_DONT_RESET".into(), "1".into()),
-            ]);
+            *preload = format!("{preload} {}", common::clock::LIBFAKETIME);
+            node.env.extend(common::clock::offset_file_env(&clock_offset));
             clock_offsets.insert(id, clock_offset);
             node.args = vec![
                 "--broker".into(),
@@ -672,7 +666,7 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
             .collect(),
         Err(_) => Fault::ALL.to_vec(),
     };
-    assert!(std::path::Path::new(LIBFAKETIME).exists(), "{LIBFAKETIME} is missing: cluster/packages.sh --tests");
+    common::clock::assert_libfaketime();
     let mut rig = Rig::start().await;
     let watcher = watch_every_key(rig.broker.port, "faults-watcher").await;
     let quitter = Arc::new(watch_every_key(rig.broker.port, "faults-quitter").await);
