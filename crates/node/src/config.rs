@@ -329,6 +329,9 @@ pub enum ConfigError {
 /// The default of `--log`.
 pub const DEFAULT_LOG_FILTER: &str = "warn,statestore=info";
 
+/// The default of `--snapshot-every`.
+pub const DEFAULT_SNAPSHOT_EVERY: u64 = 10_000;
+
 /// The default of `--snapshot-log-bytes`.
 pub const DEFAULT_SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
 
@@ -395,7 +398,7 @@ impl NodeConfig {
             max_log_fsync: Duration::from_millis(args.max_log_fsync_ms.unwrap_or(DEFAULT_MAX_LOG_FSYNC_MS)),
             election_min: Duration::from_millis(args.election_min_ms.unwrap_or(150)),
             election_max: Duration::from_millis(args.election_max_ms.unwrap_or(300)),
-            snapshot_every: args.snapshot_every.unwrap_or(10_000),
+            snapshot_every: args.snapshot_every.unwrap_or(DEFAULT_SNAPSHOT_EVERY),
             snapshot_log_bytes: args.snapshot_log_bytes.unwrap_or(DEFAULT_SNAPSHOT_LOG_BYTES),
             flush_after: FlushAfter {
                 entries: args.flush_after_entries.unwrap_or(DEFAULT_FLUSH_AFTER.entries),

@@ -764,7 +764,7 @@ async fn snapshot_policy(raft: Raft, reader: StateReader, wanted: Arc<AtomicU64>
 /// by 1, 4/3 or 5/3 after its id (`id % 3`), so the builds of three nodes fall apart and then
 /// drift further apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct SnapshotThresholds {
+pub struct SnapshotThresholds {
     every_entries: u64,
     every_bytes: u64,
     /// Thirds: 3, 4 or 5.
@@ -772,7 +772,7 @@ struct SnapshotThresholds {
 }
 
 impl SnapshotThresholds {
-    fn for_node(id: u64, every_entries: u64, every_bytes: u64) -> SnapshotThresholds {
+    pub fn for_node(id: u64, every_entries: u64, every_bytes: u64) -> SnapshotThresholds {
         SnapshotThresholds { every_entries, every_bytes, scale: 3 + id % 3 }
     }
 
@@ -782,7 +782,7 @@ impl SnapshotThresholds {
 
     /// Whether `entries` applied and `bytes` logged since the last snapshot, whose data file
     /// has `snapshot_bytes`, call for a new one.
-    fn due(&self, entries: u64, bytes: u64, snapshot_bytes: u64) -> bool {
+    pub fn due(&self, entries: u64, bytes: u64, snapshot_bytes: u64) -> bool {
         let due = entries >= self.scaled(self.every_entries) || bytes >= self.scaled(self.every_bytes);
         due && bytes >= self.scaled(snapshot_bytes)
     }
