@@ -151,7 +151,7 @@ fn main() {
     let (fill_started, fill_cpu) = (Instant::now(), process_cpu_secs());
     let thresholds = SnapshotThresholds::for_node(3, DEFAULT_SNAPSHOT_EVERY, DEFAULT_SNAPSHOT_LOG_BYTES);
     let mut since_snapshot = (0, 0);
-    let mut building: Option<tokio::task::JoinHandle<Result<(), RaftStorageError>>> = None;
+    let mut building: Option<tokio::task::JoinHandle<Result<Duration, RaftStorageError>>> = None;
     let mut snapshots_built = 0;
     let pace = Duration::from_secs(1)
         / u32::try_from(options.rate * options.speedup).expect("--rate × --speedup fits 32 bits");
@@ -173,7 +173,8 @@ fn main() {
             }
             busy += applying.elapsed();
             if building.as_ref().is_some_and(|build| build.is_finished()) {
-                runtime.block_on(building.take().unwrap()).unwrap().unwrap();
+                let took = runtime.block_on(building.take().unwrap()).unwrap().unwrap();
+                println!("  snapshot built in {:.2} s", took.as_secs_f64());
                 snapshots_built += 1;
             }
             let snapshot_size = node.reader.log_bytes().snapshot_size();
@@ -188,7 +189,10 @@ fn main() {
                 );
                 since_snapshot = (0, 0);
                 let mut builder = runtime.block_on(node.state.get_snapshot_builder());
-                building = Some(runtime.spawn(async move { builder.build_snapshot().await.map(|_| ()) }));
+                building = Some(runtime.spawn(async move {
+                    let started = Instant::now();
+                    builder.build_snapshot().await.map(|_| started.elapsed())
+                }));
             }
             let due = pace * u32::try_from(keys).expect("--to fits 32 bits");
             if let Some(ahead) = due.checked_sub(fill_started.elapsed()) {
@@ -208,7 +212,8 @@ fn main() {
         steps.push(step);
     }
     if let Some(build) = building {
-        runtime.block_on(build).unwrap().unwrap();
+        let took = runtime.block_on(build).unwrap().unwrap();
+        println!("  snapshot built in {:.2} s", took.as_secs_f64());
         snapshots_built += 1;
     }
     let filled_cpu = process_cpu_secs() - fill_cpu;
