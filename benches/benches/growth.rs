@@ -174,7 +174,11 @@ fn main() {
             busy += applying.elapsed();
             if building.as_ref().is_some_and(|build| build.is_finished()) {
                 let took = runtime.block_on(building.take().unwrap()).unwrap().unwrap();
-                println!("  snapshot built in {:.2} s", took.as_secs_f64());
+                println!(
+                    "  snapshot built in {:.2} s: {:.1} MiB",
+                    took.as_secs_f64(),
+                    node.reader.log_bytes().snapshot_size() as f64 / (1 << 20) as f64
+                );
                 snapshots_built += 1;
             }
             let snapshot_size = node.reader.log_bytes().snapshot_size();
@@ -213,7 +217,11 @@ fn main() {
     }
     if let Some(build) = building {
         let took = runtime.block_on(build).unwrap().unwrap();
-        println!("  snapshot built in {:.2} s", took.as_secs_f64());
+        println!(
+            "  snapshot built in {:.2} s: {:.1} MiB",
+            took.as_secs_f64(),
+            node.reader.log_bytes().snapshot_size() as f64 / (1 << 20) as f64
+        );
         snapshots_built += 1;
     }
     let filled_cpu = process_cpu_secs() - fill_cpu;
