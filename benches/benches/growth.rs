@@ -18,7 +18,7 @@
 //! plus 60 s); the fill is paced at `--rate` × `--speedup` requests per second of wall time, so
 //! RocksDB's flushes and compactions keep up as they do in a node (unpaced, they fall behind and
 //! pile up files a node never has). After the fill the process waits until RocksDB's background
-//! work has ended, and counts its CPU too.
+//! work has ended (at most two minutes, saying so when it has not), and counts its CPU too.
 
 use std::time::{Duration, Instant};
 
@@ -114,14 +114,16 @@ fn log_entry(
 
 /// CPU seconds this process has used, all its threads together.
 fn process_cpu_secs() -> f64 {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes the struct it is given; RUSAGE_SELF is always valid.
-    let usage = unsafe {
-        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()), 0);
-        usage.assume_init()
-    };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    secs(usage.ru_utime) + secs(usage.ru_stime)
+    statestore_benches::cpu_seconds(std::process::id()).expect("/proc/self/stat is readable")
+}
+
+/// How long the fill waits, after its last write, for RocksDB's background work to end.
+const SETTLE_WITHIN: Duration = Duration::from_secs(120);
+
+/// Prints a snapshot build that ended, `took` long, with the size of what it wrote.
+fn report_build(took: Duration, reader: &statestore_raft::StateReader) {
+    let mib = reader.log_bytes().snapshot_size() as f64 / (1 << 20) as f64;
+    println!("  snapshot built in {:.2} s: {mib:.1} MiB", took.as_secs_f64());
 }
 
 struct Step {
@@ -173,12 +175,7 @@ fn main() {
             }
             busy += applying.elapsed();
             if building.as_ref().is_some_and(|build| build.is_finished()) {
-                let took = runtime.block_on(building.take().unwrap()).unwrap().unwrap();
-                println!(
-                    "  snapshot built in {:.2} s: {:.1} MiB",
-                    took.as_secs_f64(),
-                    node.reader.log_bytes().snapshot_size() as f64 / (1 << 20) as f64
-                );
+                report_build(runtime.block_on(building.take().unwrap()).unwrap().unwrap(), &node.reader);
                 snapshots_built += 1;
             }
             let snapshot_size = node.reader.log_bytes().snapshot_size();
@@ -216,25 +213,28 @@ fn main() {
         steps.push(step);
     }
     if let Some(build) = building {
-        let took = runtime.block_on(build).unwrap().unwrap();
-        println!(
-            "  snapshot built in {:.2} s: {:.1} MiB",
-            took.as_secs_f64(),
-            node.reader.log_bytes().snapshot_size() as f64 / (1 << 20) as f64
-        );
+        report_build(runtime.block_on(build).unwrap().unwrap(), &node.reader);
         snapshots_built += 1;
     }
     let filled_cpu = process_cpu_secs() - fill_cpu;
-    // RocksDB's flushes and compactions still running: until a second passes with (almost) no CPU.
-    let settle_cpu = process_cpu_secs();
+    // RocksDB's flushes and compactions still running: until a second passes with (almost) no
+    // CPU, or SETTLE_WITHIN.
+    let (settle_started, cpu_at_last_write) = (Instant::now(), process_cpu_secs());
     loop {
         let before = process_cpu_secs();
         std::thread::sleep(Duration::from_secs(1));
         if process_cpu_secs() - before < 0.02 {
             break;
         }
+        if settle_started.elapsed() >= SETTLE_WITHIN {
+            println!(
+                "background work still running {} s after the last write; counted up to now",
+                SETTLE_WITHIN.as_secs()
+            );
+            break;
+        }
     }
-    let settle_cpu = process_cpu_secs() - settle_cpu;
+    let settle_cpu = process_cpu_secs() - cpu_at_last_write;
     let (first, last) = (steps.first().unwrap(), steps.last().unwrap());
     println!("| keys | CPU µs per request | µs applying it |");
     println!("|---|---|---|");

@@ -38,6 +38,33 @@ pub fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
 }
 
+/// CPU time (user + system, all threads) a process has used so far, in seconds.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_cpu_ticks(&stat).map(|ticks| ticks as f64 / clock_ticks_per_second())
+}
+
+/// utime + stime from the text of /proc/<pid>/stat (fields 14 and 15). The command name in
+/// field 2 may contain spaces and parentheses, so fields are counted after its closing `)`.
+fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_name.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// The kernel's clock ticks per second, the unit of /proc's CPU times.
+pub fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 {
+        ticks as f64
+    } else {
+        100.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,6 +89,13 @@ mod tests {
         assert_eq!(next.load(Ordering::Relaxed), 1, "each port of the range is tried once");
         drop(taken);
         assert_eq!(bindable_port(port, 1, 0, &next), Some(port));
+    }
+
+    #[test]
+    fn cpu_ticks_are_counted_after_the_command_name() {
+        let stat = "4242 (a (weird) name) S 1 4242 4242 0 -1 4194304 100 0 0 0 1234 567 0 0 20 0 3 0 99 0 0";
+        assert_eq!(parse_cpu_ticks(stat), Some(1234 + 567));
+        assert_eq!(parse_cpu_ticks("garbage"), None);
     }
 
     #[test]

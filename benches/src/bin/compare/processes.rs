@@ -12,6 +12,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use statestore_benches::{clock_ticks_per_second, cpu_seconds};
 
 /// How long a stopped child may take to exit after SIGTERM before it gets SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -140,32 +141,6 @@ fn append(path: &Path) -> anyhow::Result<File> {
     OpenOptions::new().create(true).append(true).open(path).with_context(|| format!("opening {}", path.display()))
 }
 
-/// CPU time (user + system, all threads) a process has used so far, in seconds.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_cpu_ticks(&stat).map(|ticks| ticks as f64 / clock_ticks_per_second())
-}
-
-/// utime + stime from the text of /proc/<pid>/stat (fields 14 and 15). The command name in
-/// field 2 may contain spaces and parentheses, so fields are counted after its closing `)`.
-fn parse_cpu_ticks(stat: &str) -> Option<u64> {
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    let mut fields = after_name.split_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some(utime + stime)
-}
-
-fn clock_ticks_per_second() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if ticks > 0 {
-        ticks as f64
-    } else {
-        100.0
-    }
-}
-
 /// Resident memory of a process in MiB (VmRSS of /proc/<pid>/status).
 pub fn rss_mib(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -259,13 +234,6 @@ impl CpuSample {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cpu_ticks_are_counted_after_the_command_name() {
-        let stat = "4242 (a (weird) name) S 1 4242 4242 0 -1 4194304 100 0 0 0 1234 567 0 0 20 0 3 0 99 0 0";
-        assert_eq!(parse_cpu_ticks(stat), Some(1234 + 567));
-        assert_eq!(parse_cpu_ticks("garbage"), None);
-    }
 
     #[test]
     fn machine_busy_time_leaves_out_idle_and_io_wait() {
