@@ -60,6 +60,10 @@ pub enum Mode {
         /// Keys per recorded step; default 100,000 (a tenth of --to when that is smaller).
         #[arg(long)]
         step: Option<u64>,
+        /// Fills of every target, each on new servers, the targets' order rotated each round;
+        /// the last step's rate against the first is reported per round and as the median.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+        rounds: u64,
     },
     /// A long closed loop: ops/s every second, latency tail every minute, last vs first minute.
     Sustained {
@@ -185,7 +189,7 @@ impl Mode {
             }
             Mode::Rate { secs, warmup, .. } => targets * (2 * START + 4 + 2 * timeout + warmup + secs),
             // At a pessimistic 200 writes per second, plus the restart.
-            Mode::Fill { to, .. } => targets * (START + to / 200 + 300),
+            Mode::Fill { to, rounds, .. } => rounds * targets * (START + to / 200 + 300),
             Mode::Sustained { minutes, .. } => targets * (START + minutes * 60 + timeout),
             Mode::Partition { phase_secs, .. } => START + 5 * phase_secs + timeout,
             // The fill at a pessimistic 200 writes per second, four phases, three snapshots.

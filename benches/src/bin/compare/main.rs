@@ -146,9 +146,9 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
             Mode::Rate { rate, secs, warmup, .. } => {
                 modes::rate(&mut run, *rate, Duration::from_secs(*warmup), Duration::from_secs(*secs)).await
             }
-            Mode::Fill { to, inflight, step, .. } => {
+            Mode::Fill { to, inflight, step, rounds, .. } => {
                 let step = step.unwrap_or((*to / 10).clamp(1, 100_000));
-                modes::fill(&mut run, *to, (*inflight).max(1), step.max(1)).await
+                modes::fill(&mut run, *to, (*inflight).max(1), step.max(1), *rounds as usize).await
             }
             Mode::Sustained { minutes, inflight, .. } => modes::sustained(&mut run, *minutes, (*inflight).max(1)).await,
             Mode::Partition { phase_secs, inflight, .. } => {

@@ -1,12 +1,14 @@
 //! `fill`: writes distinct keys until the store holds `--to` of them, recording the rate of every
 //! step; then the memory of every server, and how long a follower takes to be ready again on its
 //! full data directory: first after `kill -9` right after the fill (a crash: what it applies again
-//! from its log included), then after a clean stop.
+//! from its log included), then after a clean stop. With `--rounds N` the whole fill is repeated
+//! N times on a new cluster each time (the targets' order rotated), and the ratio of the last
+//! step's rate to the first step's is reported per round and as the median across rounds.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{highest_term, Run};
+use super::{highest_term, median, round_order, Run};
 use crate::load::{start_closed, Workload};
 use crate::processes::{servers_cpu, CpuSample};
 use crate::report::{self, Table};
@@ -20,6 +22,7 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// The rate over one step of the fill.
 struct Step {
+    round: usize,
     kind: TargetKind,
     keys: u64,
     elapsed: f64,
@@ -31,6 +34,7 @@ struct Step {
 
 /// After the fill: memory and the restarts of a follower.
 struct Ending {
+    round: usize,
     kind: TargetKind,
     rss: Vec<(String, Option<f64>)>,
     restart: Option<Restarts>,
@@ -47,22 +51,29 @@ struct Restarts {
     ready: Duration,
 }
 
-pub async fn fill(run: &mut Run, to: u64, inflight: usize, step: u64) -> anyhow::Result<()> {
+pub async fn fill(run: &mut Run, to: u64, inflight: usize, step: u64, rounds: usize) -> anyhow::Result<()> {
     let mut steps = Vec::new();
     let mut endings = Vec::new();
-    for kind in run.targets.clone() {
-        run.progress
-            .line(&format!("{kind}: starting, filling to {} keys at {inflight} in flight", report::ops(to as f64)));
-        match fill_target(run, kind, to, inflight, step, &mut steps).await {
-            Ok(ending) => endings.push(ending),
-            Err(error) => run.failed(kind, error),
+    for round in 1..=rounds {
+        for kind in round_order(&run.targets, round) {
+            let of_rounds = if rounds > 1 { format!(" (round {round} of {rounds})") } else { String::new() };
+            run.progress.line(&format!(
+                "{kind}: starting, filling to {} keys at {inflight} in flight{of_rounds}",
+                report::ops(to as f64)
+            ));
+            match fill_target(run, round, kind, to, inflight, step, &mut steps).await {
+                Ok(ending) => endings.push(ending),
+                Err(error) => run.failed(kind, error),
+            }
         }
     }
-    report(run, to, &steps, &endings)
+    report(run, to, rounds, &steps, &endings)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn fill_target(
     run: &mut Run,
+    round: usize,
     kind: TargetKind,
     to: u64,
     inflight: usize,
@@ -100,7 +111,7 @@ async fn fill_target(
                 report::ops(next_mark as f64),
                 report::ops(ops)
             ));
-            steps.push(Step { kind, keys: next_mark, elapsed: at, ops, server_us });
+            steps.push(Step { round, kind, keys: next_mark, elapsed: at, ops, server_us });
             last_mark = (at, next_mark);
             // The last step ends at `to` even when `to` is not a multiple of the step.
             next_mark = if next_mark == to { u64::MAX } else { (next_mark + step).min(to) };
@@ -128,7 +139,7 @@ async fn fill_target(
     ));
     let rss = target.rss_mib();
     let restart = restart_a_follower(run, &mut target).await?;
-    Ok(Ending { kind, rss, restart })
+    Ok(Ending { round, kind, rss, restart })
 }
 
 /// Restarts a follower (cluster node or etcd member) on its data directory, first after
@@ -157,11 +168,12 @@ async fn restart_a_follower(run: &mut Run, target: &mut Target) -> anyhow::Resul
     Ok(restarted)
 }
 
-fn report(run: &mut Run, to: u64, steps: &[Step], endings: &[Ending]) -> anyhow::Result<()> {
+fn report(run: &mut Run, to: u64, rounds: usize, steps: &[Step], endings: &[Ending]) -> anyhow::Result<()> {
     let lines: Vec<Vec<String>> = steps
         .iter()
         .map(|s| {
             vec![
+                s.round.to_string(),
                 s.kind.to_string(),
                 s.keys.to_string(),
                 report::csv_number(s.elapsed),
@@ -172,13 +184,14 @@ fn report(run: &mut Run, to: u64, steps: &[Step], endings: &[Ending]) -> anyhow:
         .collect();
     report::write_csv(
         &run.out.join("fill.csv"),
-        &["target", "keys", "elapsed_s", "ops_per_s_in_step", "server_cpu_us_per_request"],
+        &["round", "target", "keys", "elapsed_s", "ops_per_s_in_step", "server_cpu_us_per_request"],
         &lines,
     )?;
 
-    let mut table = Table::new(&["target", "keys", "elapsed s", "ops/s in step", "servers' CPU µs/request"]);
+    let mut table = Table::new(&["round", "target", "keys", "elapsed s", "ops/s in step", "servers' CPU µs/request"]);
     for s in steps {
         table.row(vec![
+            s.round.to_string(),
             s.kind.to_string(),
             report::ops(s.keys as f64),
             format!("{:.1}", s.elapsed),
@@ -188,18 +201,22 @@ fn report(run: &mut Run, to: u64, steps: &[Step], endings: &[Ending]) -> anyhow:
     }
     run.say(format!("fill to {} distinct keys", report::ops(to as f64)));
     run.say(table.render());
+    for line in ratio_lines(steps, rounds) {
+        run.say(line);
+    }
 
-    let mut memory = Table::new(&["target", "process", "RSS MiB"]);
+    let mut memory = Table::new(&["round", "target", "process", "RSS MiB"]);
     let mut memory_lines = Vec::new();
     for ending in endings {
+        let round = ending.round.to_string();
         for (name, rss) in &ending.rss {
             let rss = rss.unwrap_or(f64::NAN);
-            memory.row(vec![ending.kind.to_string(), name.clone(), format!("{rss:.1}")]);
-            memory_lines.push(vec![ending.kind.to_string(), name.clone(), report::csv_number(rss)]);
+            memory.row(vec![round.clone(), ending.kind.to_string(), name.clone(), format!("{rss:.1}")]);
+            memory_lines.push(vec![round.clone(), ending.kind.to_string(), name.clone(), report::csv_number(rss)]);
         }
         if let Some(restart) = &ending.restart {
             run.say(format!(
-                "{}: restarts of follower {}: ready {:.2} s after its start following kill -9; \
+                "{} (round {round}): restarts of follower {}: ready {:.2} s after its start following kill -9; \
                  exited {:.2} s after SIGTERM, ready {:.2} s after its start",
                 ending.kind,
                 restart.name,
@@ -211,16 +228,19 @@ fn report(run: &mut Run, to: u64, steps: &[Step], endings: &[Ending]) -> anyhow:
     }
     run.say("memory after the fill");
     run.say(memory.render());
-    report::write_csv(&run.out.join("fill_memory.csv"), &["target", "process", "rss_mib"], &memory_lines)?;
+    report::write_csv(&run.out.join("fill_memory.csv"), &["round", "target", "process", "rss_mib"], &memory_lines)?;
 
-    let lines = TargetKind::ALL
-        .iter()
-        .filter(|kind| steps.iter().any(|s| s.kind == **kind))
-        .map(|kind| Line {
-            name: kind.to_string(),
-            points: steps.iter().filter(|s| s.kind == *kind).map(|s| (s.keys as f64, s.ops)).collect(),
-        })
-        .collect();
+    let mut lines = Vec::new();
+    for round in 1..=rounds {
+        for kind in TargetKind::ALL {
+            let points: Vec<(f64, f64)> =
+                steps.iter().filter(|s| s.kind == kind && s.round == round).map(|s| (s.keys as f64, s.ops)).collect();
+            if !points.is_empty() {
+                let name = if rounds > 1 { format!("{kind}, round {round}") } else { kind.to_string() };
+                lines.push(Line { name, points });
+            }
+        }
+    }
     let chart = Chart {
         title: "Fill: throughput by keys stored".into(),
         x_label: "distinct keys written".into(),
@@ -232,4 +252,94 @@ fn report(run: &mut Run, to: u64, steps: &[Step], endings: &[Ending]) -> anyhow:
     };
     std::fs::write(run.out.join("fill.svg"), svg::render(&[chart]))?;
     Ok(())
+}
+
+/// The rate of a fill's last step against its first, and its slowest step against its first.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Steadiness {
+    first: f64,
+    last: f64,
+    slowest: f64,
+}
+
+impl Steadiness {
+    /// Of one target's steps in one round, in fill order; `None` without two steps.
+    fn of<'a>(steps: impl IntoIterator<Item = &'a Step>) -> Option<Steadiness> {
+        let ops: Vec<f64> = steps.into_iter().map(|s| s.ops).collect();
+        if ops.len() < 2 {
+            return None;
+        }
+        let slowest = ops.iter().copied().fold(f64::INFINITY, f64::min);
+        Some(Steadiness { first: ops[0], last: ops[ops.len() - 1], slowest })
+    }
+
+    fn last_to_first(&self) -> f64 {
+        self.last / self.first
+    }
+}
+
+/// One line per target and round: its last step's rate against its first (the fill target of
+/// docs/benchmarks.md), and with several rounds the median of those ratios.
+fn ratio_lines(steps: &[Step], rounds: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    for kind in TargetKind::ALL {
+        let mut ratios = Vec::new();
+        for round in 1..=rounds {
+            let Some(steady) = Steadiness::of(steps.iter().filter(|s| s.kind == kind && s.round == round)) else {
+                continue;
+            };
+            ratios.push(steady.last_to_first());
+            lines.push(format!(
+                "{kind}, round {round}: first step {} ops/s, last {} ops/s: last / first {:.2}; slowest step / first {:.2}",
+                report::ops(steady.first),
+                report::ops(steady.last),
+                steady.last_to_first(),
+                steady.slowest / steady.first
+            ));
+        }
+        if ratios.len() > 1 {
+            let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+            if let Some(middle) = median(ratios.iter().copied()) {
+                lines.push(format!(
+                    "{kind}: last / first, median of {} rounds {middle:.2} ({})",
+                    ratios.len(),
+                    listed.join(", ")
+                ));
+            }
+        }
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(round: usize, kind: TargetKind, keys: u64, ops: f64) -> Step {
+        Step { round, kind, keys, elapsed: 0.0, ops, server_us: 0.0 }
+    }
+
+    #[test]
+    fn each_round_reports_its_last_step_against_its_first_and_rounds_their_median() {
+        use TargetKind::{Cluster, Etcd};
+        let steps = [
+            step(1, Cluster, 100, 1000.0),
+            step(1, Cluster, 200, 700.0),
+            step(1, Cluster, 300, 900.0),
+            step(1, Etcd, 100, 500.0),
+            step(2, Cluster, 100, 800.0),
+            step(2, Cluster, 200, 800.0),
+            step(2, Cluster, 300, 880.0),
+            step(3, Cluster, 100, 1000.0),
+            step(3, Cluster, 300, 700.0),
+        ];
+        let round1 = Steadiness::of(steps.iter().filter(|s| s.kind == Cluster && s.round == 1)).unwrap();
+        assert_eq!(round1, Steadiness { first: 1000.0, last: 900.0, slowest: 700.0 });
+        assert!(Steadiness::of(steps.iter().filter(|s| s.kind == Etcd)).is_none(), "one step");
+        let lines = ratio_lines(&steps, 3);
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert!(lines[0].contains("last / first 0.90; slowest step / first 0.70"), "{}", lines[0]);
+        assert!(lines[1].contains("last / first 1.10"), "{}", lines[1]);
+        assert_eq!(lines[3], "cluster: last / first, median of 3 rounds 0.90 (0.90, 1.10, 0.70)");
+    }
 }

@@ -66,6 +66,29 @@ impl Run {
     }
 }
 
+/// The targets in the order round `round` (from 1) measures them: rotated by one each round, so
+/// that no target always runs first, or always last, on a machine whose speed drifts.
+pub(crate) fn round_order(targets: &[TargetKind], round: usize) -> Vec<TargetKind> {
+    let mut order = targets.to_vec();
+    if !order.is_empty() {
+        let by = (round - 1) % order.len();
+        order.rotate_left(by);
+    }
+    order
+}
+
+/// The median of `values` (the mean of the middle two for an even count); `None` when empty.
+pub(crate) fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let mut values: Vec<f64> = values.into_iter().filter(|v| v.is_finite()).collect();
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    match values.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(values[middle]),
+        _ => Some((values[middle - 1] + values[middle]) / 2.0),
+    }
+}
+
 /// What one window of load on one target measured.
 pub struct Measured {
     /// Answered requests per second.

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{measure_closed, Measured, Run};
+use super::{measure_closed, median, round_order, Measured, Run};
 use crate::load::Workload;
 use crate::report::{self, Table};
 use crate::svg::{self, Chart, Line};
@@ -85,17 +85,6 @@ pub async fn sweep(
     report(run, levels, rounds, &rows)
 }
 
-/// The targets in the order round `round` (from 1) measures them: rotated by one each round, so
-/// that no target always runs first, or always last, on a machine whose speed drifts.
-fn round_order(targets: &[TargetKind], round: usize) -> Vec<TargetKind> {
-    let mut order = targets.to_vec();
-    if !order.is_empty() {
-        let by = (round - 1) % order.len();
-        order.rotate_left(by);
-    }
-    order
-}
-
 /// One target's sweep in one round.
 struct Sweep<'a> {
     round: usize,
@@ -170,18 +159,6 @@ fn tail_ratio(points: &[Point], round: usize) -> Option<f64> {
     let high = find(points, round, TargetKind::Cluster, 256)?;
     let low = find(points, round, TargetKind::Cluster, 64)?;
     (low.p99 > 0.0).then(|| high.p99 / low.p99)
-}
-
-/// The median of `values` (the mean of the middle two for an even count); `None` when empty.
-fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
-    let mut values: Vec<f64> = values.into_iter().filter(|v| v.is_finite()).collect();
-    values.sort_by(f64::total_cmp);
-    let middle = values.len() / 2;
-    match values.len() {
-        0 => None,
-        n if n % 2 == 1 => Some(values[middle]),
-        _ => Some((values[middle - 1] + values[middle]) / 2.0),
-    }
 }
 
 /// One point per target and level: the median ops/s and p99 of its rounds.
