@@ -13,17 +13,18 @@
 //! next).
 //!
 //! Run: `cargo bench -p statestore-benches --bench growth -- [--to 1000000] [--step 100000]
-//! [--per-entry 20] [--rate 7000] [--speedup 1] [--no-snapshots]`. `--rate`: requests per second of replicated
-//! time, which sets how many dedup records are retained (each lives its message expiry, 10 s,
-//! plus 60 s); the fill is paced at `--rate` × `--speedup` requests per second of wall time, so
-//! RocksDB's flushes and compactions keep up as they do in a node (unpaced, they fall behind and
+//! [--per-entry 20] [--rate 7000] [--speedup 1] [--flush-after-operations 20000]
+//! [--no-snapshots]`. `--flush-after-operations`: the node's flush bound (its entries' bound
+//! scaled with it). `--rate`: requests per second of replicated time, which sets how many dedup
+//! records are retained (each lives its message expiry, 10 s, plus 60 s); the fill is paced at
+//! `--rate` × `--speedup` requests per second of wall time, so RocksDB's flushes and compactions keep up as they do in a node (unpaced, they fall behind and
 //! pile up files a node never has). After the fill the process waits until RocksDB's background
 //! work has ended (at most two minutes, saying so when it has not), and counts its CPU too.
 
 use std::time::{Duration, Instant};
 
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
-use statestore_node::config::{DEFAULT_FLUSH_AFTER, DEFAULT_SNAPSHOT_EVERY, DEFAULT_SNAPSHOT_LOG_BYTES};
+use statestore_node::config::{FlushAfter, DEFAULT_FLUSH_AFTER, DEFAULT_SNAPSHOT_EVERY, DEFAULT_SNAPSHOT_LOG_BYTES};
 use statestore_node::node::SnapshotThresholds;
 use statestore_protocol::{Command, Request, Set, SetCondition};
 use statestore_raft::types::RaftStorageError;
@@ -42,13 +43,24 @@ struct Options {
     per_entry: u64,
     rate: u64,
     speedup: u64,
+    /// Operations applied between flushes of the applied state (a node's
+    /// `--flush-after-operations`).
+    flush_after_operations: u64,
     snapshots: bool,
 }
 
 impl Options {
     fn from_args() -> Options {
         let mut options =
-            Options { to: 1_000_000, step: 100_000, per_entry: 20, rate: 7_000, speedup: 1, snapshots: true };
+            Options {
+            to: 1_000_000,
+            step: 100_000,
+            per_entry: 20,
+            rate: 7_000,
+            speedup: 1,
+            flush_after_operations: DEFAULT_FLUSH_AFTER.operations,
+            snapshots: true,
+        };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             if arg == "--no-snapshots" {
@@ -61,6 +73,7 @@ impl Options {
                 "--per-entry" => &mut options.per_entry,
                 "--rate" => &mut options.rate,
                 "--speedup" => &mut options.speedup,
+                "--flush-after-operations" => &mut options.flush_after_operations,
                 // cargo bench passes `--bench`; criterion's other flags mean nothing here.
                 _ => continue,
             };
@@ -135,7 +148,11 @@ struct Step {
 
 fn main() {
     let options = Options::from_args();
-    let flush_after = DEFAULT_FLUSH_AFTER;
+    // The entries' threshold scaled with the operations', so that the operations' decides.
+    let flush_after = FlushAfter {
+        operations: options.flush_after_operations,
+        entries: DEFAULT_FLUSH_AFTER.entries * options.flush_after_operations / DEFAULT_FLUSH_AFTER.operations,
+    };
     // Apply runs on this thread (`block_on`); a snapshot build is a task on the one worker.
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
     let dir = tempfile::tempdir().unwrap();
