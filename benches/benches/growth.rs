@@ -17,9 +17,10 @@
 //! [--no-snapshots]`. `--flush-after-operations`: the node's flush bound (its entries' bound
 //! scaled with it). `--rate`: requests per second of replicated time, which sets how many dedup
 //! records are retained (each lives its message expiry, 10 s, plus 60 s); the fill is paced at
-//! `--rate` × `--speedup` requests per second of wall time, so RocksDB's flushes and compactions keep up as they do in a node (unpaced, they fall behind and
-//! pile up files a node never has). After the fill the process waits until RocksDB's background
-//! work has ended (at most two minutes, saying so when it has not), and counts its CPU too.
+//! `--rate` × `--speedup` requests per second of wall time, so RocksDB's flushes and compactions
+//! keep up as they do in a node (unpaced, they fall behind and pile up files a node never has).
+//! After the fill the process waits until RocksDB's background work has ended (at most two
+//! minutes, saying so when it has not), and counts its CPU too.
 
 use std::time::{Duration, Instant};
 
