@@ -52,8 +52,7 @@ struct Options {
 
 impl Options {
     fn from_args() -> Options {
-        let mut options =
-            Options {
+        let mut options = Options {
             to: 1_000_000,
             step: 100_000,
             per_entry: 20,
