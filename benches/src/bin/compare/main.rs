@@ -148,7 +148,8 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
             }
             Mode::Fill { to, inflight, step, rounds, .. } => {
                 let step = step.unwrap_or((*to / 10).clamp(1, 100_000));
-                modes::fill(&mut run, *to, (*inflight).max(1), step.max(1), *rounds as usize).await
+                let plan = modes::FillPlan { to: *to, inflight: (*inflight).max(1), step: step.max(1) };
+                modes::fill(&mut run, plan, *rounds as usize).await
             }
             Mode::Sustained { minutes, inflight, .. } => modes::sustained(&mut run, *minutes, (*inflight).max(1)).await,
             Mode::Partition { phase_secs, inflight, .. } => {

@@ -51,7 +51,16 @@ struct Restarts {
     ready: Duration,
 }
 
-pub async fn fill(run: &mut Run, to: u64, inflight: usize, step: u64, rounds: usize) -> anyhow::Result<()> {
+/// What one fill writes: distinct keys up to `to` at `inflight`, a step recorded every `step`.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    pub to: u64,
+    pub inflight: usize,
+    pub step: u64,
+}
+
+pub async fn fill(run: &mut Run, plan: Plan, rounds: usize) -> anyhow::Result<()> {
+    let Plan { to, inflight, .. } = plan;
     let mut steps = Vec::new();
     let mut endings = Vec::new();
     for round in 1..=rounds {
@@ -61,7 +70,7 @@ pub async fn fill(run: &mut Run, to: u64, inflight: usize, step: u64, rounds: us
                 "{kind}: starting, filling to {} keys at {inflight} in flight{of_rounds}",
                 report::ops(to as f64)
             ));
-            match fill_target(run, round, kind, to, inflight, step, &mut steps).await {
+            match fill_target(run, round, kind, plan, &mut steps).await {
                 Ok(ending) => endings.push(ending),
                 Err(error) => run.failed(kind, error),
             }
@@ -70,14 +79,11 @@ pub async fn fill(run: &mut Run, to: u64, inflight: usize, step: u64, rounds: us
     report(run, to, rounds, &steps, &endings)
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn fill_target(
     run: &mut Run,
     round: usize,
     kind: TargetKind,
-    to: u64,
-    inflight: usize,
-    step: u64,
+    Plan { to, inflight, step }: Plan,
     steps: &mut Vec<Step>,
 ) -> anyhow::Result<Ending> {
     let mut target = Target::start(kind, &run.setup, inflight, false).await?;

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use fill::fill;
+pub use fill::{fill, Plan as FillPlan};
 pub use partition::partition;
 pub use rate::rate;
 pub use snapshot::snapshot;
