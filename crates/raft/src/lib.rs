@@ -32,6 +32,7 @@ pub mod damage;
 pub mod db;
 pub mod dedup_retention;
 pub mod election;
+pub mod file_removal;
 pub mod identity;
 pub mod log_files;
 pub mod log_store;

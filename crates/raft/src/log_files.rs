@@ -505,7 +505,7 @@ impl LogFiles {
             }
             let path = segment.file.path.clone();
             self.segments.pop();
-            std::fs::remove_file(&path).map_err(io_error(&path))?;
+            crate::file_removal::remove(&path).map_err(io_error(&path))?;
             deleted = true;
         }
         if let Some(segment) = self.segments.last_mut() {
@@ -536,7 +536,7 @@ impl LogFiles {
             }
             let path = segment.file.path.clone();
             self.segments.remove(0);
-            std::fs::remove_file(&path).map_err(io_error(&path))?;
+            crate::file_removal::remove(&path).map_err(io_error(&path))?;
             deleted = true;
         }
         if deleted {

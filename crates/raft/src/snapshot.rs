@@ -348,11 +348,12 @@ impl SnapshotDir {
         drop(file);
         fs::rename(&tmp, self.current_path())?;
         sync_dir(&self.dir)?;
-        // Readers that opened an older data file keep reading it until they close it.
+        // Readers that opened an older data file keep reading it until they close it; its
+        // blocks are freed after that, a step at a time (`file_removal`).
         for entry in fs::read_dir(&self.dir)? {
             let path = entry?.path();
             if path != data && path.to_string_lossy().ends_with(DATA_SUFFIX) {
-                fs::remove_file(&path)?;
+                crate::file_removal::remove(&path)?;
             }
         }
         Ok(data)

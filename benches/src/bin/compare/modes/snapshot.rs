@@ -12,7 +12,10 @@
 //! - a last quiet phase.
 //!
 //! Reported per window: requests, p50, p99, p99.9 and the longest wait, and how much longer the
-//! longest wait and p99 are than in the baseline.
+//! longest wait and p99 are than in the baseline; and where waits may come from: the three nodes'
+//! fsyncs of the Raft log that took longer than [`SLOW_FSYNC`] (from their
+//! `statestore_disk_wal_fsync_duration_seconds` histograms) and the machine's I/O pressure (the
+//! time every runnable task waited on I/O, from `/proc/pressure/io`, per second of the window).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,11 +37,72 @@ const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(600);
 /// The recorder's window: longer than any run (the time limit ends a run before it).
 const WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// A Raft log fsync at least this long counts as slow (a bucket bound of the node's histogram).
+const SLOW_FSYNC: f64 = 0.0512;
+const FSYNC_HISTOGRAM: &str = "statestore_disk_wal_fsync_duration_seconds";
+
 /// A measured stretch of the run, in seconds since the open loop started.
 struct Window {
     name: &'static str,
     from: f64,
     to: f64,
+    /// Disk signals at the window's start and end.
+    disk: (DiskMark, DiskMark),
+}
+
+impl Window {
+    /// Raft log fsyncs longer than [`SLOW_FSYNC`] on the three nodes within the window.
+    fn slow_fsyncs(&self) -> f64 {
+        self.disk.1.slow_fsyncs - self.disk.0.slow_fsyncs
+    }
+
+    /// Milliseconds per second of the window in which every runnable task waited on I/O.
+    fn io_stall_ms_per_s(&self) -> Option<f64> {
+        let stalled_us = self.disk.1.io_full_us? - self.disk.0.io_full_us?;
+        Some(stalled_us / 1000.0 / (self.to - self.from).max(1e-3))
+    }
+}
+
+/// Counters read at a window's edge.
+#[derive(Clone, Copy)]
+struct DiskMark {
+    /// Raft log fsyncs longer than [`SLOW_FSYNC`], summed over the three nodes.
+    slow_fsyncs: f64,
+    /// `/proc/pressure/io`'s `full` total, µs (none where the kernel does not report it).
+    io_full_us: Option<f64>,
+}
+
+impl DiskMark {
+    async fn read(cluster: &StatestoreCluster) -> DiskMark {
+        let mut slow_fsyncs = 0.0;
+        for index in 0..crate::cluster::NODES as usize {
+            slow_fsyncs += histogram_above(&cluster.metrics(index).await, FSYNC_HISTOGRAM, SLOW_FSYNC).unwrap_or(0.0);
+        }
+        let io_full_us = std::fs::read_to_string("/proc/pressure/io").ok().and_then(|text| pressure_full_us(&text));
+        DiskMark { slow_fsyncs, io_full_us }
+    }
+}
+
+/// How many observations of the Prometheus histogram `name` in `text` exceeded the bucket bound
+/// `bound` (the count less that bucket's), summed over label sets; none if it is not there.
+fn histogram_above(text: &str, name: &str, bound: f64) -> Option<f64> {
+    let count = metric_sum(text, &format!("{name}_count"))?;
+    let bucket = format!("{name}_bucket{{");
+    let within: f64 = text
+        .lines()
+        .filter_map(|line| {
+            let labels = line.strip_prefix(&bucket)?;
+            let le = labels.split("le=\"").nth(1)?.split('"').next()?.parse::<f64>().ok()?;
+            ((le - bound).abs() < bound * 1e-6).then(|| line.rsplit(' ').next()?.parse::<f64>().ok())?
+        })
+        .sum();
+    Some(count - within)
+}
+
+/// The `total=` of the `full` line of a `/proc/pressure/*` file.
+fn pressure_full_us(text: &str) -> Option<f64> {
+    let line = text.lines().find(|line| line.starts_with("full "))?;
+    line.split(' ').find_map(|field| field.strip_prefix("total="))?.parse().ok()
 }
 
 pub async fn snapshot(run: &mut Run, to: u64, rate: f64, phase: Duration) -> anyhow::Result<()> {
@@ -57,9 +121,11 @@ pub async fn snapshot(run: &mut Run, to: u64, rate: f64, phase: Duration) -> any
     let load = start_open(target.client.clone(), workload, rate, recorder.clone());
     let since = |at: Instant| at.duration_since(recorder.from()).as_secs_f64();
     let mut windows = Vec::new();
+    let opened = disk_mark(&target).await?;
 
     wait(run, &mut target, &recorder, phase, "baseline").await?;
-    windows.push(Window { name: "baseline", from: 0.0, to: since(Instant::now()) });
+    let mark = disk_mark(&target).await?;
+    windows.push(Window { name: "baseline", from: 0.0, to: since(Instant::now()), disk: (opened, mark) });
 
     let started = Instant::now();
     let cluster = target.cluster.as_ref().context("the cluster target has nodes")?;
@@ -70,17 +136,25 @@ pub async fn snapshot(run: &mut Run, to: u64, rate: f64, phase: Duration) -> any
     run.progress.line(&format!("{:.1} s: every node builds a snapshot", since(started)));
     let every_node: Vec<usize> = (0..crate::cluster::NODES as usize).collect();
     wait_for_builds(run, &mut target, &recorder, "building snapshots", &every_node, &before).await?;
-    windows.push(Window { name: "build", from: since(started), to: since(Instant::now()) });
+    let built = disk_mark(&target).await?;
+    windows.push(Window { name: "build", from: since(started), to: since(Instant::now()), disk: (mark, built) });
     run.progress.line(&format!("{:.1} s: every node has built its snapshot", since(Instant::now())));
 
     wait(run, &mut target, &recorder, phase, "after the build").await?;
+    let joining = disk_mark(&target).await?;
     let started = Instant::now();
     run.progress.line(&format!("{:.1} s: a fourth node joins as a learner", since(started)));
     let cluster = target.cluster.as_mut().context("the cluster target has nodes")?;
     let learner = cluster.add_learner().await?;
     let learner_id = cluster.id(learner);
     let installed = metric_sum(&cluster.metrics(learner).await, "statestore_snapshots_total{kind=\"installed\"}");
-    windows.push(Window { name: "install", from: since(started), to: since(Instant::now()) });
+    let caught_up = disk_mark(&target).await?;
+    windows.push(Window {
+        name: "install",
+        from: since(started),
+        to: since(Instant::now()),
+        disk: (joining, caught_up),
+    });
     run.progress.line(&format!(
         "{:.1} s: node{learner_id} caught up after {:.1} s ({} snapshot installed)",
         since(Instant::now()),
@@ -88,13 +162,19 @@ pub async fn snapshot(run: &mut Run, to: u64, rate: f64, phase: Duration) -> any
         installed.map_or("no".into(), |n| format!("{n:.0}"))
     ));
     wait(run, &mut target, &recorder, phase, "after the install").await?;
-    windows.push(Window { name: "after", from: windows[2].to, to: since(Instant::now()) });
+    let ended = disk_mark(&target).await?;
+    windows.push(Window { name: "after", from: windows[2].to, to: since(Instant::now()), disk: (caught_up, ended) });
     load.finish().await;
     let recording = recorder.snapshot();
     if installed.unwrap_or(0.0) < 1.0 {
         run.say(format!("note: node{learner_id} caught up without installing a snapshot"));
     }
     report(run, to, rate, &recording, &windows)
+}
+
+/// The disk signals of `target`'s nodes and the machine now.
+async fn disk_mark(target: &Target) -> anyhow::Result<DiskMark> {
+    Ok(DiskMark::read(target.cluster.as_ref().context("the cluster target has nodes")?).await)
 }
 
 /// Writes `to` distinct keys at 64 in flight.
@@ -223,6 +303,8 @@ fn report(run: &mut Run, to: u64, rate: f64, recording: &Recording, windows: &[W
         "longest ms",
         "longest - baseline ms",
         "p99 - baseline ms",
+        "log fsyncs > 51 ms",
+        "I/O stall ms/s",
     ]);
     let mut lines = Vec::new();
     for (w, latencies, longest) in &measured {
@@ -238,6 +320,8 @@ fn report(run: &mut Run, to: u64, rate: f64, recording: &Recording, windows: &[W
             report::decimal(*longest),
             report::decimal(longest - baseline_longest),
             report::decimal(p99 - baseline_p99),
+            format!("{:.0}", w.slow_fsyncs()),
+            w.io_stall_ms_per_s().map_or("–".into(), report::decimal),
         ]);
         lines.push(vec![
             w.name.to_string(),
@@ -248,6 +332,8 @@ fn report(run: &mut Run, to: u64, rate: f64, recording: &Recording, windows: &[W
             report::csv_number(p99),
             report::csv_number(latencies.quantile_ms(0.999)),
             report::csv_number(*longest),
+            format!("{:.0}", w.slow_fsyncs()),
+            w.io_stall_ms_per_s().map_or(String::new(), report::csv_number),
         ]);
     }
     run.say(format!(
@@ -261,7 +347,18 @@ fn report(run: &mut Run, to: u64, rate: f64, recording: &Recording, windows: &[W
     }
     report::write_csv(
         &run.out.join("snapshot.csv"),
-        &["window", "from_s", "to_s", "answers", "p50_ms", "p99_ms", "p999_ms", "longest_ms"],
+        &[
+            "window",
+            "from_s",
+            "to_s",
+            "answers",
+            "p50_ms",
+            "p99_ms",
+            "p999_ms",
+            "longest_ms",
+            "slow_log_fsyncs",
+            "io_stall_ms_per_s",
+        ],
         &lines,
     )?;
 
@@ -296,4 +393,32 @@ fn report(run: &mut Run, to: u64, rate: f64, recording: &Recording, windows: &[W
     };
     std::fs::write(run.out.join("snapshot.svg"), svg::render(&[chart]))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slow_observations_are_the_count_less_the_bucket_at_the_bound_summed_over_label_sets() {
+        let text = "\
+# HELP statestore_disk_wal_fsync_duration_seconds Duration of one fsync of the Raft log
+statestore_disk_wal_fsync_duration_seconds_bucket{le=\"0.0256\"} 90
+statestore_disk_wal_fsync_duration_seconds_bucket{le=\"0.05120000000000001\"} 95
+statestore_disk_wal_fsync_duration_seconds_bucket{le=\"0.1024\"} 99
+statestore_disk_wal_fsync_duration_seconds_bucket{le=\"+Inf\"} 100
+statestore_disk_wal_fsync_duration_seconds_sum 1.5
+statestore_disk_wal_fsync_duration_seconds_count 100
+";
+        assert_eq!(histogram_above(text, FSYNC_HISTOGRAM, SLOW_FSYNC), Some(5.0));
+        assert_eq!(histogram_above(text, FSYNC_HISTOGRAM, 0.1024), Some(1.0));
+        assert_eq!(histogram_above(text, "statestore_apply_duration_seconds", SLOW_FSYNC), None);
+    }
+
+    #[test]
+    fn io_pressure_is_the_full_lines_total() {
+        let text = "some avg10=2.14 avg60=2.39 avg300=0.88 total=3523659\nfull avg10=1.92 avg60=2.31 avg300=0.85 total=3359669\n";
+        assert_eq!(pressure_full_us(text), Some(3_359_669.0));
+        assert_eq!(pressure_full_us("some avg10=0.00 total=12\n"), None);
+    }
 }
