@@ -36,27 +36,10 @@ const READER_POLL: Duration = Duration::from_millis(200);
 /// A pause between steps, so that other files' journal commits go between this file's.
 const STEP_PAUSE: Duration = Duration::from_millis(5);
 
-/// Removes the file at `path`: its name at once, its blocks [`STEP`] bytes at a time on the
-/// removal thread. A missing file is not an error.
+/// Removes the file at `path` with the process's removal thread ([`Remover::remove`]).
 pub fn remove(path: &Path) -> io::Result<()> {
-    let file = match OpenOptions::new().write(true).open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        // Not writable here: deleted the plain way.
-        Err(_) => return fs::remove_file(path),
-    };
-    let metadata = file.metadata()?;
-    fs::remove_file(path)?;
-    if metadata.len() > SMALL {
-        remover().submit(Pending { file, device: metadata.dev(), inode: metadata.ino() });
-    }
-    Ok(())
-}
-
-/// Waits until every file handed to [`remove`] before this call has been shrunk and closed, or
-/// `timeout` passes; returns whether they were.
-pub fn wait_idle(timeout: Duration) -> bool {
-    remover().wait_idle(timeout)
+    static REMOVER: OnceLock<Remover> = OnceLock::new();
+    REMOVER.get_or_init(Remover::start).remove(path)
 }
 
 struct Pending {
@@ -65,13 +48,44 @@ struct Pending {
     inode: u64,
 }
 
-/// The process's removal thread and the count of files it has not finished.
-struct Remover {
+/// A removal thread and the count of files it has not finished. The thread ends when its
+/// `Remover` is dropped, closing the files it still holds.
+pub struct Remover {
     queue: Mutex<Sender<Pending>>,
     unfinished: Arc<(Mutex<u64>, Condvar)>,
 }
 
 impl Remover {
+    /// Starts a removal thread. If it cannot start, files larger than [`SMALL`] are freed at
+    /// once instead.
+    pub fn start() -> Remover {
+        let (queue, received) = mpsc::channel();
+        let unfinished = Arc::new((Mutex::new(0), Condvar::new()));
+        let counted = unfinished.clone();
+        let spawned = std::thread::Builder::new().name("file-removal".into()).spawn(move || run(received, &counted));
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "could not start the file removal thread; large files are freed at once");
+        }
+        Remover { queue: Mutex::new(queue), unfinished }
+    }
+
+    /// Removes the file at `path`: its name at once, its blocks [`STEP`] bytes at a time on the
+    /// thread. A missing file is not an error.
+    pub fn remove(&self, path: &Path) -> io::Result<()> {
+        let file = match OpenOptions::new().write(true).open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            // Not writable here: deleted the plain way.
+            Err(_) => return fs::remove_file(path),
+        };
+        let metadata = file.metadata()?;
+        fs::remove_file(path)?;
+        if metadata.len() > SMALL {
+            self.submit(Pending { file, device: metadata.dev(), inode: metadata.ino() });
+        }
+        Ok(())
+    }
+
     fn submit(&self, pending: Pending) {
         *self.unfinished.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
         let sent = self.queue.lock().unwrap_or_else(|p| p.into_inner()).send(pending);
@@ -86,7 +100,9 @@ impl Remover {
         finish_one(&self.unfinished);
     }
 
-    fn wait_idle(&self, timeout: Duration) -> bool {
+    /// Waits until every file handed to [`Remover::remove`] before this call has been shrunk
+    /// and closed, or `timeout` passes; returns whether they were.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
         let (count, changed) = &*self.unfinished;
         let guard = count.lock().unwrap_or_else(|p| p.into_inner());
         let (guard, _) = changed.wait_timeout_while(guard, timeout, |n| *n > 0).unwrap_or_else(|p| p.into_inner());
@@ -98,21 +114,6 @@ fn finish_one(unfinished: &(Mutex<u64>, Condvar)) {
     let mut count = unfinished.0.lock().unwrap_or_else(|p| p.into_inner());
     *count = count.saturating_sub(1);
     unfinished.1.notify_all();
-}
-
-fn remover() -> &'static Remover {
-    static REMOVER: OnceLock<Remover> = OnceLock::new();
-    REMOVER.get_or_init(|| {
-        let (queue, received) = mpsc::channel();
-        let unfinished = Arc::new((Mutex::new(0), Condvar::new()));
-        let counted = unfinished.clone();
-        let spawned = std::thread::Builder::new().name("file-removal".into()).spawn(move || run(received, &counted));
-        if let Err(e) = spawned {
-            // Without the thread, files sent to it are closed at once when the send fails.
-            tracing::warn!(error = %e, "could not start the file removal thread; large files are freed at once");
-        }
-        Remover { queue: Mutex::new(queue), unfinished }
-    })
 }
 
 /// The removal thread: files whose other descriptors are closed are shrunk in arrival order;
@@ -203,15 +204,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("large");
         write_file(&path, 3 * STEP + 12345);
-        remove(&path).unwrap();
+        let remover = Remover::start();
+        remover.remove(&path).unwrap();
         assert!(!path.exists(), "the name goes before remove returns");
-        assert!(wait_idle(Duration::from_secs(30)), "the thread shrinks and closes the file");
+        assert!(remover.wait_idle(Duration::from_secs(30)), "the thread shrinks and closes the file");
         // A missing file is not an error; a small one goes at once.
-        remove(&path).unwrap();
+        remover.remove(&path).unwrap();
         let small = dir.path().join("small");
         write_file(&small, 4096);
-        remove(&small).unwrap();
+        remover.remove(&small).unwrap();
         assert!(!small.exists());
+        assert!(remover.wait_idle(Duration::ZERO), "a small file is not handed to the thread");
     }
 
     #[test]
@@ -233,10 +236,11 @@ mod tests {
         let len = 2 * STEP + 777;
         write_file(&path, len);
         let mut reader = File::open(&path).unwrap();
-        remove(&path).unwrap();
+        let remover = Remover::start();
+        remover.remove(&path).unwrap();
         assert!(!path.exists());
         std::thread::sleep(READER_POLL * 3);
-        assert!(!wait_idle(Duration::ZERO), "the thread waits while another descriptor is open");
+        assert!(!remover.wait_idle(Duration::ZERO), "the thread waits while another descriptor is open");
         assert!(allocated(&reader) >= len, "nothing is freed under the reader");
         let mut bytes = 0u64;
         let mut buf = vec![0u8; 1 << 20];
@@ -253,8 +257,8 @@ mod tests {
         let probe = reader.try_clone().unwrap();
         drop(reader);
         // `probe` is another descriptor as well: the thread waits for it too, until it closes.
-        assert!(!wait_idle(READER_POLL * 3));
+        assert!(!remover.wait_idle(READER_POLL * 3));
         drop(probe);
-        assert!(wait_idle(Duration::from_secs(30)), "once the reader closes, the file is shrunk and closed");
+        assert!(remover.wait_idle(Duration::from_secs(30)), "once the reader closes, the file is shrunk and closed");
     }
 }
