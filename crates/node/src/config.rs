@@ -94,6 +94,10 @@ pub struct Args {
     /// Default 67108864 (64 MiB).
     #[arg(long, env = "STATESTORE_SNAPSHOT_LOG_BYTES")]
     pub snapshot_log_bytes: Option<u64>,
+    /// Write a snapshot being built at most this many bytes a second (0: as fast as the disk
+    /// goes, which holds up the Raft log's fsyncs meanwhile). Default 16777216 (16 MiB/s).
+    #[arg(long, env = "STATESTORE_SNAPSHOT_WRITE_RATE")]
+    pub snapshot_write_rate: Option<u64>,
     /// Write the applied state to disk once this many log entries were applied since it last
     /// was (or `--flush-after-operations` operations): at most what a node killed applies again
     /// from its log when it starts. Default 2000.
@@ -225,6 +229,8 @@ pub struct NodeConfig {
     pub snapshot_every: u64,
     /// Log bytes since the last snapshot that trigger the next.
     pub snapshot_log_bytes: u64,
+    /// Bytes a second a snapshot build writes at most; `None`: no limit.
+    pub snapshot_write_rate: Option<u64>,
     /// Applied entries or operations not yet on disk that trigger a flush.
     pub flush_after: FlushAfter,
     pub logs_kept: u64,
@@ -335,6 +341,9 @@ pub const DEFAULT_SNAPSHOT_EVERY: u64 = 10_000;
 /// The default of `--snapshot-log-bytes`.
 pub const DEFAULT_SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
 
+/// The default of `--snapshot-write-rate`, bytes a second.
+pub const DEFAULT_SNAPSHOT_WRITE_RATE: u64 = statestore_raft::snapshot::DEFAULT_WRITE_RATE;
+
 /// The defaults of `--flush-after-entries` and `--flush-after-operations`.
 pub const DEFAULT_FLUSH_AFTER: FlushAfter = FlushAfter { entries: 2_000, operations: 20_000 };
 
@@ -400,6 +409,8 @@ impl NodeConfig {
             election_max: Duration::from_millis(args.election_max_ms.unwrap_or(300)),
             snapshot_every: args.snapshot_every.unwrap_or(DEFAULT_SNAPSHOT_EVERY),
             snapshot_log_bytes: args.snapshot_log_bytes.unwrap_or(DEFAULT_SNAPSHOT_LOG_BYTES),
+            snapshot_write_rate: Some(args.snapshot_write_rate.unwrap_or(DEFAULT_SNAPSHOT_WRITE_RATE))
+                .filter(|&r| r > 0),
             flush_after: FlushAfter {
                 entries: args.flush_after_entries.unwrap_or(DEFAULT_FLUSH_AFTER.entries),
                 operations: args.flush_after_operations.unwrap_or(DEFAULT_FLUSH_AFTER.operations),
@@ -606,6 +617,16 @@ mod tests {
             (config.election_min, config.election_max),
             (Duration::from_millis(150), Duration::from_millis(300))
         );
+        assert_eq!(config.snapshot_write_rate, Some(16 << 20));
+    }
+
+    #[test]
+    fn a_snapshot_write_rate_of_zero_is_no_limit() {
+        let given = |rate: &str| {
+            NodeConfig::from_args(args(&["--id", "1", "--snapshot-write-rate", rate])).unwrap().snapshot_write_rate
+        };
+        assert_eq!(given("0"), None);
+        assert_eq!(given("1048576"), Some(1 << 20));
     }
 
     #[test]

@@ -150,6 +150,7 @@ impl Node {
             None => None,
         };
         let mut storage = statestore_raft::open(&config.data_dir, MachineConfig::default(), storage_metrics)?;
+        storage.state.set_snapshot_write_rate(config.snapshot_write_rate);
         if config.restored {
             let members = storage.reader.applied_members().context("reading the applied membership")?;
             let peers = crate::restore_check::peers(config, members);

@@ -31,6 +31,7 @@ use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use statestore_statemachine::Table;
 
@@ -42,8 +43,13 @@ const END: u8 = 0xFF;
 const CURRENT_MAGIC: &[u8] = b"statestore-snapshot-current\x01";
 /// `current` before data files: the metadata and the data inline.
 const INLINE_MAGIC: &[u8] = b"statestore-snapshot-file\x01";
-/// How many snapshot bytes are written between two syncs of the file.
+/// How many bytes of a received snapshot are written between two syncs of the file.
 pub const SYNC_EVERY: u64 = 4 << 20;
+/// How many bytes of a snapshot being built are written between two write-outs of its pages.
+pub const WRITE_OUT_EVERY: u64 = 1 << 20;
+/// The rate a snapshot build writes at unless told otherwise (`--snapshot-write-rate`), bytes a
+/// second: a 1 M-key snapshot (about 340 MiB) takes about 21 s to build.
+pub const DEFAULT_WRITE_RATE: u64 = 16 << 20;
 /// The longest key or value a snapshot record may hold; a longer length is damage, refused
 /// before anything is allocated for it.
 pub const MAX_RECORD_PART: usize = 256 << 20;
@@ -240,33 +246,71 @@ pub fn verify_file(file: fs::File) -> Result<u64, SnapshotError> {
     Ok(count)
 }
 
-/// A file being written that syncs its data every [`SYNC_EVERY`] bytes: a large file written at
-/// once leaves its pages dirty until the final sync, and every WAL fsync meanwhile waits for
-/// them (ext4 ordered mode).
-pub struct SyncingFile {
+/// A snapshot file being built, written so that the Raft log's fsyncs do not wait behind it.
+///
+/// Its pages are written out every [`WRITE_OUT_EVERY`] bytes and waited for (`sync_file_range`,
+/// as RocksDB's `bytes_per_sync` does): a large file written at once leaves its pages dirty until
+/// the final sync, and a log fsync that comes meanwhile waits for them in the file system's
+/// journal commit (ext4, ordered mode). A write-out, unlike an `fdatasync`, commits nothing to
+/// the journal itself. And the file is written at most `rate` bytes a second: a build is not in
+/// a hurry, while a disk written as fast as it goes makes every log write queue behind the build
+/// (`docs/benchmarks.md`, *Snapshot builds written out and paced*). [`PacedFile::finish`]
+/// syncs the file whole.
+pub struct PacedFile {
     file: fs::File,
-    unsynced: u64,
+    /// Bytes a second; none: as fast as the disk takes them.
+    rate: Option<u64>,
+    written: u64,
+    written_out: u64,
+    started: Instant,
 }
 
-impl SyncingFile {
-    pub fn new(file: fs::File) -> SyncingFile {
-        SyncingFile { file, unsynced: 0 }
+impl PacedFile {
+    pub fn new(file: fs::File, rate: Option<u64>) -> PacedFile {
+        PacedFile { file, rate: rate.filter(|&r| r > 0), written: 0, written_out: 0, started: Instant::now() }
     }
 
-    /// Syncs what is left and returns the file.
+    /// Syncs the file and returns it.
     pub fn finish(self) -> io::Result<fs::File> {
         self.file.sync_all()?;
         Ok(self.file)
     }
+
+    /// Writes out the pages written since the last write-out and waits for them.
+    fn write_out(&mut self) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+        let (from, len) = (self.written_out as libc::off64_t, (self.written - self.written_out) as libc::off64_t);
+        // SAFETY: the descriptor is open for as long as `self.file` is; no memory is passed.
+        if unsafe { libc::sync_file_range(self.file.as_raw_fd(), from, len, flags) } != 0 {
+            let error = io::Error::last_os_error();
+            // A file system without it: its pages are synced the plain way.
+            if error.raw_os_error() != Some(libc::ENOSYS) && error.raw_os_error() != Some(libc::EINVAL) {
+                return Err(error);
+            }
+            self.file.sync_data()?;
+        }
+        self.written_out = self.written;
+        Ok(())
+    }
+
+    /// Sleeps until the bytes written so far are no more than the rate allows.
+    fn hold_to_rate(&self) {
+        let Some(rate) = self.rate else { return };
+        let due = Duration::from_secs_f64(self.written as f64 / rate as f64);
+        if let Some(early) = due.checked_sub(self.started.elapsed()) {
+            std::thread::sleep(early);
+        }
+    }
 }
 
-impl Write for SyncingFile {
+impl Write for PacedFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let written = self.file.write(buf)?;
-        self.unsynced += written as u64;
-        if self.unsynced >= SYNC_EVERY {
-            self.file.sync_data()?;
-            self.unsynced = 0;
+        self.written += written as u64;
+        if self.written - self.written_out >= WRITE_OUT_EVERY {
+            self.write_out()?;
+            self.hold_to_rate();
         }
         Ok(written)
     }
@@ -456,6 +500,34 @@ mod tests {
             records.push(record);
         }
         Ok(records)
+    }
+
+    /// Writes `len` patterned bytes through a [`PacedFile`] at `rate` in `dir`; returns what
+    /// the file then holds and how long writing took.
+    fn write_paced(dir: &Path, len: usize, rate: Option<u64>) -> (Vec<u8>, Vec<u8>, Duration) {
+        let path = dir.join("paced");
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let started = Instant::now();
+        let mut out = io::BufWriter::with_capacity(1 << 20, PacedFile::new(fs::File::create(&path).unwrap(), rate));
+        for chunk in bytes.chunks(100_000) {
+            out.write_all(chunk).unwrap();
+        }
+        out.into_inner().map_err(|e| e.into_error()).unwrap().finish().unwrap();
+        let took = started.elapsed();
+        (bytes, fs::read(&path).unwrap(), took)
+    }
+
+    #[test]
+    fn a_paced_file_holds_every_byte_and_is_written_no_faster_than_its_rate() {
+        let dir = tempfile::tempdir().unwrap();
+        // 3 MiB at 8 MiB/s: the third write-out waits until 375 ms after the start.
+        let (written, held, took) = write_paced(dir.path(), (3 << 20) + 17, Some(8 << 20));
+        assert!(written == held, "the file holds what was written");
+        assert!(took >= Duration::from_millis(375), "3 MiB at 8 MiB/s written in {took:?}");
+        for unlimited in [None, Some(0)] {
+            let (written, held, _) = write_paced(dir.path(), (2 << 20) + 5, unlimited);
+            assert!(written == held, "the file holds what was written ({unlimited:?})");
+        }
     }
 
     #[test]

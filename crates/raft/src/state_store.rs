@@ -33,7 +33,7 @@ use crate::db::{self, add_to, cf, synced, AppliedOnDisk, Tables, ViewTables};
 use crate::dedup_retention::DedupHorizon;
 use crate::identity::IdentityMemo;
 use crate::metrics::StorageMetrics;
-use crate::snapshot::{verify, RecordReader, SnapshotDir, SnapshotError, SnapshotWriter, SyncingFile};
+use crate::snapshot::{verify, PacedFile, RecordReader, SnapshotDir, SnapshotError, SnapshotWriter};
 use crate::types::{
     ApplyResult, LogEntry, LogId, RaftStorageError, Snapshot, SnapshotMeta, StoredMembership, TypeConfig,
 };
@@ -76,6 +76,8 @@ pub struct StateStore {
     applied_requests: broadcast::Sender<AppliedRequests>,
     /// The temporary file of the snapshot being received, if any.
     receiving: Option<PathBuf>,
+    /// Bytes a second a snapshot build writes at most (none: no limit).
+    snapshot_write_rate: Option<u64>,
     shared: SharedState,
 }
 
@@ -106,7 +108,22 @@ impl StateStore {
         applied_requests: broadcast::Sender<AppliedRequests>,
         shared: SharedState,
     ) -> Self {
-        StateStore { db, machine, snapshots, metrics, applied_requests, receiving: None, shared }
+        StateStore {
+            db,
+            machine,
+            snapshots,
+            metrics,
+            applied_requests,
+            receiving: None,
+            snapshot_write_rate: Some(crate::snapshot::DEFAULT_WRITE_RATE),
+            shared,
+        }
+    }
+
+    /// Holds snapshot builds to `bytes_per_second` (none: no limit; the default is
+    /// [`crate::snapshot::DEFAULT_WRITE_RATE`]).
+    pub fn set_snapshot_write_rate(&mut self, bytes_per_second: Option<u64>) {
+        self.snapshot_write_rate = bytes_per_second.filter(|&rate| rate > 0);
     }
 }
 
@@ -199,6 +216,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
             db: self.db.clone(),
             snapshots: self.snapshots.clone(),
             metrics: self.metrics.clone(),
+            write_rate: self.snapshot_write_rate,
             shared: self.shared.clone(),
         }
     }
@@ -506,6 +524,7 @@ pub struct SnapshotBuilder {
     db: Arc<DB>,
     snapshots: SnapshotDir,
     metrics: StorageMetrics,
+    write_rate: Option<u64>,
     shared: SharedState,
 }
 
@@ -517,8 +536,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let snapshots = self.snapshots.clone();
         let horizon = self.shared.dedup_horizon.clone();
         let on_disk = self.shared.applied_on_disk.clone();
+        let write_rate = self.write_rate;
         let (meta, file) = in_background("snapshot-build", move || {
-            let built = build(&db, &snapshots, &horizon)?;
+            let built = build(&db, &snapshots, &horizon, write_rate)?;
             // openraft purges the log below the snapshot once this returns: the applied state
             // it covers must be on disk first.
             flush_applied(&db, &on_disk)?;
@@ -570,18 +590,20 @@ pub(crate) fn export_keys(db: &DB, out: impl std::io::Write) -> Result<BackupEnd
 /// Streams a consistent view of every table into a new kept snapshot; returns its metadata and
 /// its data file, open for reading. Dedup records expired at the view's clock are left out, so
 /// every node's snapshot at one log index holds the same records, however far its compactions
-/// got; `horizon` keeps compactions from dropping what the view must still see.
+/// got; `horizon` keeps compactions from dropping what the view must still see. The file is
+/// written at most `write_rate` bytes a second ([`PacedFile`]).
 fn build(
     db: &DB,
     snapshots: &SnapshotDir,
     horizon: &Arc<DedupHorizon>,
+    write_rate: Option<u64>,
 ) -> Result<(SnapshotMeta, std::fs::File), RaftStorageError> {
     let _pin = horizon.pin();
     let view = db.snapshot();
     let clock = meta::clock(&ViewTables { db, view: &view }).map_err(read_error)?;
     let (temp, file) = snapshots.create_temp().map_err(snapshot_error)?;
     let written = (|| {
-        let mut writer = SnapshotWriter::new(BufWriter::with_capacity(1 << 20, SyncingFile::new(file)))?;
+        let mut writer = SnapshotWriter::new(BufWriter::with_capacity(1 << 20, PacedFile::new(file, write_rate)))?;
         for table in Table::ALL {
             for item in view.iterator_cf_opt(cf(db, table.name()), db::bulk_scan(), IteratorMode::Start) {
                 let (key, value) = item.map_err(std::io::Error::other)?;
