@@ -7,8 +7,8 @@
 //! MiB snapshot files at once held a concurrent `fdatasync` up for 91–152 ms on such a disk;
 //! shrinking them [`STEP`] bytes at a time, each step synced, for 16–21 ms
 //! (`docs/benchmarks.md`, *The build window again* and *Where the build window's waits come
-//! from*). RocksDB's `DeleteScheduler` (deleting
-//! obsolete table files at a bounded rate, in chunks) exists for the same reason.
+//! from*). RocksDB's `DeleteScheduler` (deleting obsolete table files at a bounded rate, in
+//! chunks) exists for the same reason.
 //!
 //! [`remove`] takes the file's name away at once (so the directory is what the caller expects
 //! when it returns) and hands the still-open file to one background thread per process, which
