@@ -94,8 +94,8 @@ pub struct Args {
     /// Default 67108864 (64 MiB).
     #[arg(long, env = "STATESTORE_SNAPSHOT_LOG_BYTES")]
     pub snapshot_log_bytes: Option<u64>,
-    /// Write a snapshot being built at most this many bytes a second (0: as fast as the disk
-    /// goes, which holds up the Raft log's fsyncs meanwhile). Default 16777216 (16 MiB/s).
+    /// Write a snapshot being built at most this many bytes a second, so that the Raft log's
+    /// fsyncs do not queue behind it. Default 0: as fast as the disk goes.
     #[arg(long, env = "STATESTORE_SNAPSHOT_WRITE_RATE")]
     pub snapshot_write_rate: Option<u64>,
     /// Write the applied state to disk once this many log entries were applied since it last
@@ -341,8 +341,9 @@ pub const DEFAULT_SNAPSHOT_EVERY: u64 = 10_000;
 /// The default of `--snapshot-log-bytes`.
 pub const DEFAULT_SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
 
-/// The default of `--snapshot-write-rate`, bytes a second.
-pub const DEFAULT_SNAPSHOT_WRITE_RATE: u64 = statestore_raft::snapshot::DEFAULT_WRITE_RATE;
+/// The default of `--snapshot-write-rate`, bytes a second: no limit (see docs/benchmarks.md,
+/// *Snapshot builds written out and paced*, for what a limit gains and costs).
+pub const DEFAULT_SNAPSHOT_WRITE_RATE: u64 = 0;
 
 /// The defaults of `--flush-after-entries` and `--flush-after-operations`.
 pub const DEFAULT_FLUSH_AFTER: FlushAfter = FlushAfter { entries: 2_000, operations: 20_000 };
@@ -617,7 +618,7 @@ mod tests {
             (config.election_min, config.election_max),
             (Duration::from_millis(150), Duration::from_millis(300))
         );
-        assert_eq!(config.snapshot_write_rate, Some(16 << 20));
+        assert_eq!(config.snapshot_write_rate, None);
     }
 
     #[test]

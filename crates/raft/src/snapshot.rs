@@ -47,9 +47,6 @@ const INLINE_MAGIC: &[u8] = b"statestore-snapshot-file\x01";
 pub const SYNC_EVERY: u64 = 4 << 20;
 /// How many bytes of a snapshot being built are written between two write-outs of its pages.
 pub const WRITE_OUT_EVERY: u64 = 1 << 20;
-/// The rate a snapshot build writes at unless told otherwise (`--snapshot-write-rate`), bytes a
-/// second: a 1 M-key snapshot (about 340 MiB) takes about 21 s to build.
-pub const DEFAULT_WRITE_RATE: u64 = 16 << 20;
 /// The longest key or value a snapshot record may hold; a longer length is damage, refused
 /// before anything is allocated for it.
 pub const MAX_RECORD_PART: usize = 256 << 20;
@@ -252,8 +249,8 @@ pub fn verify_file(file: fs::File) -> Result<u64, SnapshotError> {
 /// as RocksDB's `bytes_per_sync` does): a large file written at once leaves its pages dirty until
 /// the final sync, and a log fsync that comes meanwhile waits for them in the file system's
 /// journal commit (ext4, ordered mode). A write-out, unlike an `fdatasync`, commits nothing to
-/// the journal itself. And the file is written at most `rate` bytes a second: a build is not in
-/// a hurry, while a disk written as fast as it goes makes every log write queue behind the build
+/// the journal itself. With a `rate`, the file is written at most that many bytes a second, so
+/// that the log's writes do not queue behind a build on a disk written as fast as it goes
 /// (`docs/benchmarks.md`, *Snapshot builds written out and paced*). [`PacedFile::finish`]
 /// syncs the file whole.
 pub struct PacedFile {

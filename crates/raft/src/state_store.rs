@@ -115,13 +115,12 @@ impl StateStore {
             metrics,
             applied_requests,
             receiving: None,
-            snapshot_write_rate: Some(crate::snapshot::DEFAULT_WRITE_RATE),
+            snapshot_write_rate: None,
             shared,
         }
     }
 
-    /// Holds snapshot builds to `bytes_per_second` (none: no limit; the default is
-    /// [`crate::snapshot::DEFAULT_WRITE_RATE`]).
+    /// Holds snapshot builds to `bytes_per_second` (none or 0: no limit, the default).
     pub fn set_snapshot_write_rate(&mut self, bytes_per_second: Option<u64>) {
         self.snapshot_write_rate = bytes_per_second.filter(|&rate| rate > 0);
     }
