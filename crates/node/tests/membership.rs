@@ -73,7 +73,7 @@ async fn a_node_that_missed_purged_log_catches_up_from_a_snapshot_and_restarts_w
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learner_receives_a_snapshot_of_many_chunks_whole() {
     // About 12 MiB of state: the snapshot goes out in several 3 MiB chunks, and the receiver
-    // syncs what it received every 4 MiB, so both boundaries are crossed several times.
+    // writes out what it received every MiB, so both boundaries are crossed several times.
     let mut cluster = Cluster::start(3, SNAPSHOT_OFTEN).await;
     let mut written = Vec::new();
     for i in 0..48 {

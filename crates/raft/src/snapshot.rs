@@ -43,9 +43,8 @@ const END: u8 = 0xFF;
 const CURRENT_MAGIC: &[u8] = b"statestore-snapshot-current\x01";
 /// `current` before data files: the metadata and the data inline.
 const INLINE_MAGIC: &[u8] = b"statestore-snapshot-file\x01";
-/// How many bytes of a received snapshot are written between two syncs of the file.
-pub const SYNC_EVERY: u64 = 4 << 20;
-/// How many bytes of a snapshot being built are written between two write-outs of its pages.
+/// How many bytes of a snapshot being built or received are written between two write-outs of
+/// its pages.
 pub const WRITE_OUT_EVERY: u64 = 1 << 20;
 /// The longest key or value a snapshot record may hold; a longer length is damage, refused
 /// before anything is allocated for it.
@@ -267,6 +266,16 @@ impl PacedFile {
         PacedFile { file, rate: rate.filter(|&r| r > 0), written: 0, written_out: 0, started: Instant::now() }
     }
 
+    /// Moves to `offset` for the next write, after writing out what was written so far.
+    pub fn seek_to(&mut self, offset: u64) -> io::Result<()> {
+        use std::io::{Seek, SeekFrom};
+        self.write_out()?;
+        self.file.seek(SeekFrom::Start(offset))?;
+        self.written = offset;
+        self.written_out = offset;
+        Ok(())
+    }
+
     /// Syncs the file and returns it.
     pub fn finish(self) -> io::Result<fs::File> {
         self.file.sync_all()?;
@@ -275,18 +284,7 @@ impl PacedFile {
 
     /// Writes out the pages written since the last write-out and waits for them.
     fn write_out(&mut self) -> io::Result<()> {
-        use std::os::fd::AsRawFd;
-        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-        let (from, len) = (self.written_out as libc::off64_t, (self.written - self.written_out) as libc::off64_t);
-        // SAFETY: the descriptor is open for as long as `self.file` is; no memory is passed.
-        if unsafe { libc::sync_file_range(self.file.as_raw_fd(), from, len, flags) } != 0 {
-            let error = io::Error::last_os_error();
-            // A file system without it: its pages are synced the plain way.
-            if error.raw_os_error() != Some(libc::ENOSYS) && error.raw_os_error() != Some(libc::EINVAL) {
-                return Err(error);
-            }
-            self.file.sync_data()?;
-        }
+        write_out(&self.file, self.written_out, self.written - self.written_out)?;
         self.written_out = self.written;
         Ok(())
     }
@@ -299,6 +297,23 @@ impl PacedFile {
             std::thread::sleep(early);
         }
     }
+}
+
+/// Writes out the dirty pages of `file` in `len` bytes from `from` (to its end if `len` is 0)
+/// and waits for them, committing nothing to the file system's journal (`sync_file_range`); on
+/// a file system without it, syncs the file's data instead.
+pub fn write_out(file: &fs::File, from: u64, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: the descriptor is open for as long as `file` is; no memory is passed.
+    if unsafe { libc::sync_file_range(file.as_raw_fd(), from as libc::off64_t, len as libc::off64_t, flags) } != 0 {
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() != Some(libc::ENOSYS) && error.raw_os_error() != Some(libc::EINVAL) {
+            return Err(error);
+        }
+        file.sync_data()?;
+    }
+    Ok(())
 }
 
 impl Write for PacedFile {
@@ -525,6 +540,24 @@ mod tests {
             let (written, held, _) = write_paced(dir.path(), (2 << 20) + 5, unlimited);
             assert!(written == held, "the file holds what was written ({unlimited:?})");
         }
+    }
+
+    #[test]
+    fn a_paced_file_sent_back_to_an_earlier_offset_holds_what_was_written_last() {
+        // A receiver whose chunk is sent again writes it again at its offset.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("received");
+        let mut file = PacedFile::new(fs::File::create(&path).unwrap(), None);
+        let first: Vec<u8> = (0..(3 << 20)).map(|i| (i % 251) as u8).collect();
+        file.write_all(&first).unwrap();
+        let again = vec![7u8; 1 << 20];
+        file.seek_to(1 << 20).unwrap();
+        file.write_all(&again).unwrap();
+        file.write_all(&first[(2 << 20)..]).unwrap();
+        file.finish().unwrap();
+        let mut expected = first.clone();
+        expected[(1 << 20)..(2 << 20)].copy_from_slice(&again);
+        assert!(fs::read(&path).unwrap() == expected, "the file holds the chunk written last at its offset");
     }
 
     #[test]

@@ -1,20 +1,23 @@
 //! The receiving side of a snapshot sent by the leader in chunks: the chunks are written into
-//! the file the state machine gives, synced every [`SYNC_EVERY`] bytes (a file of hundreds of
-//! MiB left dirty until one final sync would hold every WAL fsync of the node up meanwhile, ext4
-//! ordered mode), and the file is checked whole before openraft is handed it.
+//! the file the state machine gives through a [`PacedFile`] on a blocking thread, so its pages
+//! are written out as they come instead of left dirty (a file of hundreds of MiB left dirty, or
+//! synced in large steps, holds every log fsync on the same file system up meanwhile, ext4
+//! ordered mode); the file is synced and checked whole before openraft is handed it.
 //! openraft treats a failed install as fatal, so a damaged snapshot handed over would stop the
 //! member that received it; checked here, it is refused and the leader sends it again from
 //! its start (a damaged snapshot at the leader stops the leader, see
 //! [`crate::damage::DamageReport`]).
 
+use std::io::{Seek, SeekFrom, Write};
+use std::time::Instant;
+
 use openraft::error::{InstallSnapshotError, RaftError, SnapshotMismatch};
 use openraft::raft::{InstallSnapshotRequest, InstallSnapshotResponse};
 use openraft::{ErrorSubject, ErrorVerb, SnapshotSegmentId, StorageError};
-use tokio::io::{AsyncSeekExt, AsyncWriteExt, SeekFrom};
 use tokio::sync::Mutex;
 
-use crate::snapshot::{verify_file, SnapshotError, SYNC_EVERY};
-use crate::types::{NodeId, Raft, Snapshot, TypeConfig};
+use crate::snapshot::{verify_file, PacedFile, SnapshotError};
+use crate::types::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig};
 
 /// The snapshot being received, if any. One per node.
 #[derive(Default)]
@@ -27,9 +30,9 @@ struct Incoming {
     id: String,
     /// Where the next chunk is written unless it says otherwise.
     offset: u64,
-    /// Bytes written since the file was last synced.
-    unsynced: u64,
-    file: Box<tokio::fs::File>,
+    /// When its first chunk came.
+    started: Instant,
+    file: PacedFile,
 }
 
 type ReceiveError = RaftError<NodeId, InstallSnapshotError>;
@@ -53,13 +56,16 @@ impl SnapshotReceiver {
             let mut incoming = self.incoming.lock().await;
             write_chunk(&mut incoming, raft, request).await?
         };
-        let Some(Snapshot { meta, snapshot: mut data }) = received else {
+        let Some((meta, data)) = received else {
             return Ok(InstallSnapshotResponse { vote: own_vote });
         };
         let checked = async {
-            data.seek(SeekFrom::Start(0)).await?;
-            let file = data.try_clone().await?.into_std().await;
-            let joined = tokio::task::spawn_blocking(move || verify_file(file)).await;
+            let mut file = data.try_clone()?;
+            let joined = tokio::task::spawn_blocking(move || {
+                file.seek(SeekFrom::Start(0))?;
+                verify_file(file)
+            })
+            .await;
             joined.map_err(|e| SnapshotError::Io(std::io::Error::other(e)))?
         };
         if let Err(e) = checked.await {
@@ -75,18 +81,19 @@ impl SnapshotReceiver {
                 got,
             })));
         }
-        let answer = raft.install_full_snapshot(vote, Snapshot { meta, snapshot: data }).await?;
+        let snapshot = Box::new(tokio::fs::File::from_std(data));
+        let answer = raft.install_full_snapshot(vote, Snapshot { meta, snapshot }).await?;
         Ok(answer.into())
     }
 }
 
 /// Writes one chunk into the snapshot being received (a chunk at offset 0 of another snapshot
-/// starts a new one); the whole snapshot, once its last chunk is in.
+/// starts a new one); the whole snapshot, synced, once its last chunk is in.
 async fn write_chunk(
     incoming: &mut Option<Incoming>,
     raft: &Raft,
     request: InstallSnapshotRequest<TypeConfig>,
-) -> Result<Option<Snapshot>, ReceiveError> {
+) -> Result<Option<(SnapshotMeta, std::fs::File)>, ReceiveError> {
     let id = &request.meta.snapshot_id;
     let continued = incoming.as_ref().is_some_and(|incoming| incoming.id == *id);
     if !continued && request.offset != 0 {
@@ -104,28 +111,46 @@ async fn write_chunk(
                 RaftError::APIError(never) => match never {},
                 RaftError::Fatal(fatal) => RaftError::Fatal(fatal),
             })?;
-            Incoming { id: id.clone(), offset: 0, unsynced: 0, file }
+            let file = PacedFile::new(file.into_std().await, None);
+            Incoming { id: id.clone(), offset: 0, started: Instant::now(), file }
         }
     };
+    let signature = request.meta.signature();
     let storage_error = |verb: ErrorVerb, e: std::io::Error| {
-        RaftError::Fatal(
-            StorageError::from_io_error(ErrorSubject::Snapshot(Some(request.meta.signature())), verb, e).into(),
-        )
+        RaftError::Fatal(StorageError::from_io_error(ErrorSubject::Snapshot(Some(signature.clone())), verb, e).into())
     };
-    if request.offset != receiving.offset {
-        receiving.file.seek(SeekFrom::Start(request.offset)).await.map_err(|e| storage_error(ErrorVerb::Seek, e))?;
-        receiving.offset = request.offset;
-    }
-    receiving.file.write_all(&request.data).await.map_err(|e| storage_error(ErrorVerb::Write, e))?;
-    receiving.offset += request.data.len() as u64;
-    receiving.unsynced += request.data.len() as u64;
-    if receiving.unsynced >= SYNC_EVERY || request.done {
-        receiving.file.sync_data().await.map_err(|e| storage_error(ErrorVerb::Write, e))?;
-        receiving.unsynced = 0;
-    }
-    if !request.done {
+    let (offset, data, done) = (request.offset, request.data, request.done);
+    // Off the async workers: a write-out waits for the disk.
+    let written = tokio::task::spawn_blocking(move || {
+        let written = (|| {
+            if offset != receiving.offset {
+                receiving.file.seek_to(offset).map_err(|e| (ErrorVerb::Seek, e))?;
+                receiving.offset = offset;
+            }
+            receiving.file.write_all(&data).map_err(|e| (ErrorVerb::Write, e))?;
+            receiving.offset += data.len() as u64;
+            Ok(())
+        })();
+        (receiving, written)
+    })
+    .await;
+    let (receiving, written) = written.map_err(|e| storage_error(ErrorVerb::Write, std::io::Error::other(e)))?;
+    written.map_err(|(verb, e)| storage_error(verb, e))?;
+    if !done {
         *incoming = Some(receiving);
         return Ok(None);
     }
-    Ok(Some(Snapshot { meta: request.meta, snapshot: receiving.file }))
+    let Incoming { offset: size, started, file, .. } = receiving;
+    let synced = tokio::task::spawn_blocking(move || file.finish()).await;
+    let file = synced
+        .map_err(std::io::Error::other)
+        .and_then(|synced| synced)
+        .map_err(|e| storage_error(ErrorVerb::Write, e))?;
+    tracing::info!(
+        snapshot = request.meta.snapshot_id,
+        mib = format!("{:.1}", size as f64 / (1 << 20) as f64),
+        received_s = format!("{:.2}", started.elapsed().as_secs_f64()),
+        "received a snapshot from the leader"
+    );
+    Ok(Some((request.meta, file)))
 }

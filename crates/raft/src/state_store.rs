@@ -33,7 +33,9 @@ use crate::db::{self, add_to, cf, synced, AppliedOnDisk, Tables, ViewTables};
 use crate::dedup_retention::DedupHorizon;
 use crate::identity::IdentityMemo;
 use crate::metrics::StorageMetrics;
-use crate::snapshot::{verify, PacedFile, RecordReader, SnapshotDir, SnapshotError, SnapshotWriter};
+use crate::snapshot::{
+    verify, write_out, PacedFile, RecordReader, SnapshotDir, SnapshotError, SnapshotWriter, WRITE_OUT_EVERY,
+};
 use crate::types::{
     ApplyResult, LogEntry, LogId, RaftStorageError, Snapshot, SnapshotMeta, StoredMembership, TypeConfig,
 };
@@ -256,17 +258,31 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         let shared = self.shared.clone();
         // Off the async workers: checking, writing and fsyncing a large snapshot takes seconds.
         in_background("snapshot-install", move || {
-            if let Err(e) = verify(&temp) {
-                let _ = std::fs::remove_file(&temp);
-                return Err(snapshot_error(e));
-            }
+            let started = Instant::now();
+            let records = match verify(&temp) {
+                Ok(records) => records,
+                Err(e) => {
+                    let _ = std::fs::remove_file(&temp);
+                    return Err(snapshot_error(e));
+                }
+            };
+            let checked = started.elapsed();
             let data = snapshots.keep(&snapshot_meta, &temp).map_err(snapshot_error)?;
-            shared.log_bytes.set_snapshot_size(std::fs::metadata(&data).map_or(0, |m| m.len()));
+            let bytes = std::fs::metadata(&data).map_or(0, |m| m.len());
+            shared.log_bytes.set_snapshot_size(bytes);
             shared.installing.store(true, Ordering::Release);
             let installed = install(&db, &snapshot_meta, &data, &snapshots);
             shared.installing.store(false, Ordering::Release);
             shared.identity.changed();
             installed?;
+            tracing::info!(
+                snapshot = snapshot_meta.snapshot_id,
+                records,
+                mib = format!("{:.1}", bytes as f64 / (1 << 20) as f64),
+                checked_s = format!("{:.2}", checked.as_secs_f64()),
+                installed_s = format!("{:.2}", started.elapsed().as_secs_f64()),
+                "installed a snapshot"
+            );
             // Ingested table files and synced batches: on disk as installed.
             let operations = shared.applied_on_disk.applied_operations();
             shared.applied_on_disk.reached(snapshot_meta.last_log_id.map_or(0, |id| id.index), operations);
@@ -438,7 +454,12 @@ struct OpenTableFile<'a> {
     table: Table,
     writer: SstFileWriter<'a>,
     path: PathBuf,
+    /// The file, opened again to write its pages out as it grows (as a snapshot build's are,
+    /// see [`PacedFile`]): the writer leaves them dirty until it syncs the file whole.
+    pages: std::fs::File,
     bytes: u64,
+    /// `bytes` at the last write-out.
+    written_out: u64,
 }
 
 impl<'a> Ingester<'a> {
@@ -452,12 +473,17 @@ impl<'a> Ingester<'a> {
                 let path = self.snapshots.temp_path("install");
                 let writer = SstFileWriter::create(self.options);
                 writer.open(&path).map_err(write_error)?;
-                self.open.insert(OpenTableFile { table, writer, path, bytes: 0 })
+                let pages = std::fs::File::open(&path).map_err(write_error)?;
+                self.open.insert(OpenTableFile { table, writer, path, pages, bytes: 0, written_out: 0 })
             }
         };
         // A snapshot out of key order (not one this store wrote) is refused here.
         open.writer.put(key, value).map_err(write_error)?;
         open.bytes += (key.len() + value.len()) as u64;
+        if open.bytes - open.written_out >= WRITE_OUT_EVERY {
+            write_out(&open.pages, 0, 0).map_err(write_error)?;
+            open.written_out = open.bytes;
+        }
         Ok(())
     }
 

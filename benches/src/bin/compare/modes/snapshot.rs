@@ -365,13 +365,34 @@ fn report(run: &mut Run, to: u64, rate: f64, recording: &Recording, windows: &[W
     // The longest wait of each second, with the build and install windows shaded.
     let seconds = recording.seconds.len();
     let mut longest = vec![0.0f64; seconds];
+    let mut answers = vec![0u64; seconds];
     let times = recording.answer_times.as_deref().unwrap_or_default();
     let waits = recording.answer_latencies_ms.as_deref().unwrap_or_default();
     for (at, wait) in times.iter().zip(waits) {
         if let Some(slot) = longest.get_mut(*at as usize) {
             *slot = slot.max(*wait);
+            answers[*at as usize] += 1;
         }
     }
+    let window_of = |second: usize| {
+        let at = second as f64 + 0.5;
+        windows.iter().find(|w| at >= w.from && at < w.to).map_or("", |w| w.name)
+    };
+    let per_second: Vec<Vec<String>> = (0..seconds)
+        .map(|second| {
+            vec![
+                second.to_string(),
+                window_of(second).to_string(),
+                answers[second].to_string(),
+                report::csv_number(longest[second]),
+            ]
+        })
+        .collect();
+    report::write_csv(
+        &run.out.join("snapshot_seconds.csv"),
+        &["second", "window", "answers", "longest_ms"],
+        &per_second,
+    )?;
     let chart = Chart {
         title: format!(
             "Longest wait per second at {} ops/s while snapshots are built and installed",
