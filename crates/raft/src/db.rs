@@ -177,14 +177,17 @@ pub fn flush_all(db: &DB) -> Result<(), rocksdb::Error> {
 
 /// How far the applied state is on disk in the state-machine tables (their writes skip the WAL,
 /// so an applied batch is on disk only once a flush wrote it): the last log index a flush wrote,
-/// and how many log entries and operations were applied since. The log is purged only up to
-/// that index: after a crash the tables are back at it or later, and the log entries after it
-/// are applied again, so what was applied since is what a node killed now would apply again
-/// when it starts.
+/// the state-machine clock it had reached, and how many log entries and operations were applied
+/// since. The log is purged only up to that index: after a crash the tables are back at it or
+/// later, and the log entries after it are applied again, so what was applied since is what a
+/// node killed now would apply again when it starts. Expired dedup records are dropped only up
+/// to that clock ([`crate::dedup_retention`]).
 #[derive(Debug, Default)]
 pub struct AppliedOnDisk {
     /// The last log index on disk.
     index: AtomicU64,
+    /// The state-machine clock of the applied state on disk (ms since the epoch).
+    clock: AtomicU64,
     /// The last log index applied.
     applied_index: AtomicU64,
     /// Operations applied since the database opened.
@@ -203,6 +206,12 @@ pub struct Unflushed {
 impl AppliedOnDisk {
     pub fn get(&self) -> u64 {
         self.index.load(Ordering::Acquire)
+    }
+
+    /// The state-machine clock of the applied state on disk: a node killed now comes back with
+    /// its state at this clock or later, and applies the log again from there.
+    pub fn clock(&self) -> u64 {
+        self.clock.load(Ordering::Acquire)
     }
 
     /// Counts an apply up to log index `index` of `operations` operations (each request or
@@ -226,10 +235,12 @@ impl AppliedOnDisk {
         }
     }
 
-    /// Records that everything applied up to log index `index`, `operations` operations in all
-    /// ([`AppliedOnDisk::applied_operations`]), is on disk.
-    pub fn reached(&self, index: u64, operations: u64) {
+    /// Records that everything applied up to log index `index` and state-machine clock
+    /// `clock`, `operations` operations in all ([`AppliedOnDisk::applied_operations`]), is on
+    /// disk.
+    pub fn reached(&self, index: u64, clock: u64, operations: u64) {
         self.index.fetch_max(index, Ordering::AcqRel);
+        self.clock.fetch_max(clock, Ordering::AcqRel);
         self.applied_index.fetch_max(index, Ordering::AcqRel);
         self.flushed.fetch_max(operations, Ordering::AcqRel);
     }

@@ -7,49 +7,59 @@
 //! expired at the [`DedupHorizon`]. Without it, each apply deleted what had expired, leaving two
 //! tombstones per request that compactions carried for minutes.
 //!
-//! The horizon is the applied clock, held back to the clock of any RocksDB snapshot still being
-//! read (a snapshot build): compactions do not spare records a RocksDB snapshot still sees, and a
-//! built snapshot must hold every record retained at its own clock, or a node installing it
-//! could run a retried request again that the others answered from the dedup table.
+//! The horizon is the clock of the applied state on disk ([`AppliedOnDisk::clock`]), not the
+//! applied clock: a node killed comes back with its tables as the last flush wrote them and
+//! applies the log again from there, and each entry it applies again must find every record
+//! that entry found the first time, or the node would run a retried request again that the
+//! others answered from the dedup table. It is held back further to the clock of any RocksDB
+//! snapshot still being read (a snapshot build): compactions do not spare records a RocksDB
+//! snapshot still sees, and a built snapshot must hold every record retained at its own clock.
 
 use std::collections::BTreeMap;
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rocksdb::compaction_filter::{CompactionFilter, Decision};
 use rocksdb::compaction_filter_factory::{CompactionFilterContext, CompactionFilterFactory};
 use statestore_statemachine::dedup;
 
+use crate::db::AppliedOnDisk;
+
 /// Up to which replicated time expired dedup records may be dropped.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DedupHorizon {
-    /// The state-machine clock of the latest applied batch (ms since the epoch).
-    applied_clock: AtomicU64,
+    /// How far the applied state is on disk; its clock never moves back.
+    on_disk: Arc<AppliedOnDisk>,
     /// Clocks of the views being read, with how many views hold each.
     pinned: Mutex<BTreeMap<u64, usize>>,
 }
 
+/// A horizon over a state with nothing on disk yet.
+impl Default for DedupHorizon {
+    fn default() -> Self {
+        DedupHorizon::new(Arc::default())
+    }
+}
+
 impl DedupHorizon {
-    /// Records the clock the applied state has reached; it never moves back.
-    pub fn advance(&self, clock: u64) {
-        self.applied_clock.fetch_max(clock, Ordering::SeqCst);
+    pub fn new(on_disk: Arc<AppliedOnDisk>) -> Self {
+        DedupHorizon { on_disk, pinned: Mutex::default() }
     }
 
-    /// Holds the horizon at the current applied clock until the guard is dropped. Pin before
+    /// Holds the horizon at the current clock on disk until the guard is dropped. Pin before
     /// taking the view to protect: the view's clock is then at least the pinned one.
     pub fn pin(self: &Arc<Self>) -> Pin {
-        let clock = self.applied_clock.load(Ordering::SeqCst);
+        let clock = self.on_disk.clock();
         *self.pinned.lock().expect("dedup horizon lock").entry(clock).or_default() += 1;
         Pin { horizon: self.clone(), clock }
     }
 
-    /// The time up to which records may be dropped now. The applied clock is read before the
+    /// The time up to which records may be dropped now. The clock on disk is read before the
     /// pins: a view pinned after that read was taken after it too, so its clock is not lower.
     pub fn now(&self) -> u64 {
-        let applied = self.applied_clock.load(Ordering::SeqCst);
+        let on_disk = self.on_disk.clock();
         let pinned = self.pinned.lock().expect("dedup horizon lock").keys().next().copied();
-        pinned.map_or(applied, |pinned| pinned.min(applied))
+        pinned.map_or(on_disk, |pinned| pinned.min(on_disk))
     }
 }
 
@@ -171,7 +181,8 @@ mod tests {
     #[test]
     fn compactions_drop_records_expired_at_the_horizon_and_spare_pinned_views() {
         let dir = tempfile::tempdir().unwrap();
-        let horizon = Arc::new(DedupHorizon::default());
+        let on_disk = Arc::new(AppliedOnDisk::default());
+        let horizon = Arc::new(DedupHorizon::new(on_disk.clone()));
         let db = db::open(dir.path(), &horizon).unwrap();
         let machine = StateMachine::new(Default::default());
         // Retained for the message expiry (10 s) plus the grace (60 s).
@@ -179,17 +190,17 @@ mod tests {
         apply_set(&db, &machine, 2, T0 + 1_000);
         let retained = 70_000;
 
-        horizon.advance(T0 + retained - 1);
+        on_disk.reached(0, T0 + retained - 1, 0);
         assert_eq!(compact(&db), 2, "nothing expired yet");
-        horizon.advance(T0 + retained);
+        on_disk.reached(0, T0 + retained, 0);
         let pin = horizon.pin();
-        horizon.advance(T0 + retained + 5_000);
+        on_disk.reached(0, T0 + retained + 5_000, 0);
         assert_eq!(horizon.now(), T0 + retained, "held at the pinned clock");
         assert_eq!(compact(&db), 1, "only what expired at the pinned clock goes");
         drop(pin);
         assert_eq!(horizon.now(), T0 + retained + 5_000);
         assert_eq!(compact(&db), 0);
-        horizon.advance(T0);
+        on_disk.reached(0, T0, 0);
         assert_eq!(horizon.now(), T0 + retained + 5_000, "the horizon never moves back");
     }
 }

@@ -262,10 +262,9 @@ pub fn open(data_dir: &Path, config: Config, metrics: StorageMetrics) -> Result<
     let state_error = |detail: String| OpenError::State { path: db_path.display().to_string(), detail };
     // What a database holds when it opens is on disk (the WAL it recovered from included).
     let applied = state_store::applied_index(&db).map_err(|e| state_error(e.to_string()))?;
-    shared.applied_on_disk.reached(applied, 0);
     let clock =
         statestore_statemachine::meta::clock(&db::Tables { db: &db }).map_err(|e| state_error(e.to_string()))?;
-    shared.dedup_horizon.advance(clock);
+    shared.applied_on_disk.reached(applied, clock, 0);
     let committed = Arc::new(AtomicU64::new(0));
     if let Ok(Some((_, data))) = snapshots.current() {
         shared.log_bytes.set_snapshot_size(std::fs::metadata(data).map_or(0, |m| m.len()));

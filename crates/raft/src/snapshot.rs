@@ -266,6 +266,11 @@ impl PacedFile {
         PacedFile { file, rate: rate.filter(|&r| r > 0), written: 0, written_out: 0, started: Instant::now() }
     }
 
+    /// Where the next write goes.
+    pub fn position(&self) -> u64 {
+        self.written
+    }
+
     /// Moves to `offset` for the next write, after writing out what was written so far.
     pub fn seek_to(&mut self, offset: u64) -> io::Result<()> {
         use std::io::{Seek, SeekFrom};

@@ -28,8 +28,6 @@ pub struct SnapshotReceiver {
 /// A snapshot whose chunks are being written.
 struct Incoming {
     id: String,
-    /// Where the next chunk is written unless it says otherwise.
-    offset: u64,
     /// When its first chunk came.
     started: Instant,
     file: PacedFile,
@@ -112,7 +110,7 @@ async fn write_chunk(
                 RaftError::Fatal(fatal) => RaftError::Fatal(fatal),
             })?;
             let file = PacedFile::new(file.into_std().await, None);
-            Incoming { id: id.clone(), offset: 0, started: Instant::now(), file }
+            Incoming { id: id.clone(), started: Instant::now(), file }
         }
     };
     let signature = request.meta.signature();
@@ -123,13 +121,10 @@ async fn write_chunk(
     // Off the async workers: a write-out waits for the disk.
     let written = tokio::task::spawn_blocking(move || {
         let written = (|| {
-            if offset != receiving.offset {
+            if offset != receiving.file.position() {
                 receiving.file.seek_to(offset).map_err(|e| (ErrorVerb::Seek, e))?;
-                receiving.offset = offset;
             }
-            receiving.file.write_all(&data).map_err(|e| (ErrorVerb::Write, e))?;
-            receiving.offset += data.len() as u64;
-            Ok(())
+            receiving.file.write_all(&data).map_err(|e| (ErrorVerb::Write, e))
         })();
         (receiving, written)
     })
@@ -140,12 +135,11 @@ async fn write_chunk(
         *incoming = Some(receiving);
         return Ok(None);
     }
-    let Incoming { offset: size, started, file, .. } = receiving;
-    let synced = tokio::task::spawn_blocking(move || file.finish()).await;
-    let file = synced
-        .map_err(std::io::Error::other)
-        .and_then(|synced| synced)
-        .map_err(|e| storage_error(ErrorVerb::Write, e))?;
+    let Incoming { started, file, .. } = receiving;
+    let size = file.position();
+    let synced =
+        tokio::task::spawn_blocking(move || file.finish()).await.unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    let file = synced.map_err(|e| storage_error(ErrorVerb::Write, e))?;
     tracing::info!(
         snapshot = request.meta.snapshot_id,
         mib = format!("{:.1}", size as f64 / (1 << 20) as f64),

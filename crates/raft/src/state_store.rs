@@ -84,12 +84,12 @@ pub struct StateStore {
 }
 
 /// What the state store shares with the node's reader and with RocksDB.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct SharedState {
     pub log_bytes: Arc<LogBytes>,
     /// Set while an install replaces the tables.
     pub installing: Arc<AtomicBool>,
-    /// Advanced as batches are applied; held back while a snapshot is built.
+    /// The clock of `applied_on_disk`, held back while a snapshot is built.
     pub dedup_horizon: Arc<DedupHorizon>,
     /// Told of a kept snapshot found damaged.
     pub damage: Arc<DamageReport>,
@@ -99,6 +99,21 @@ pub(crate) struct SharedState {
     pub applied_on_disk: Arc<AppliedOnDisk>,
     /// The log's fsync under way.
     pub fsync: Arc<crate::FsyncWatch>,
+}
+
+impl Default for SharedState {
+    fn default() -> Self {
+        let applied_on_disk = Arc::new(AppliedOnDisk::default());
+        SharedState {
+            log_bytes: Arc::default(),
+            installing: Arc::default(),
+            dedup_horizon: Arc::new(DedupHorizon::new(applied_on_disk.clone())),
+            damage: Arc::default(),
+            identity: Arc::default(),
+            applied_on_disk,
+            fsync: Arc::default(),
+        }
+    }
 }
 
 impl StateStore {
@@ -188,7 +203,6 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         if last_applied.is_none() {
             return Ok(results);
         }
-        let clock = meta::clock(&overlay).map_err(read_error)?;
         let mut batch = WriteBatch::default();
         add_to(&mut batch, &self.db, overlay.into_batch());
         let meta = cf(&self.db, Table::Meta.name());
@@ -203,7 +217,6 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         if identity_changed {
             self.shared.identity.changed();
         }
-        self.shared.dedup_horizon.advance(clock);
         self.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
         if !with_requests.is_empty() {
             // No subscriber (no MQTT front end) is not an error.
@@ -285,8 +298,8 @@ impl RaftStateMachine<TypeConfig> for StateStore {
             );
             // Ingested table files and synced batches: on disk as installed.
             let operations = shared.applied_on_disk.applied_operations();
-            shared.applied_on_disk.reached(snapshot_meta.last_log_id.map_or(0, |id| id.index), operations);
-            shared.dedup_horizon.advance(meta::clock(&Tables { db: &db }).map_err(read_error)?);
+            let clock = meta::clock(&Tables { db: &db }).map_err(read_error)?;
+            shared.applied_on_disk.reached(snapshot_meta.last_log_id.map_or(0, |id| id.index), clock, operations);
             Ok(())
         })
         .await??;
@@ -538,9 +551,10 @@ pub(crate) fn applied_index(db: &DB) -> Result<u64, RaftStorageError> {
 /// how far that is in `on_disk`; returns that index.
 pub(crate) fn flush_applied(db: &DB, on_disk: &AppliedOnDisk) -> Result<u64, RaftStorageError> {
     let applied = applied_index(db)?;
+    let clock = meta::clock(&Tables { db }).map_err(read_error)?;
     let operations = on_disk.applied_operations();
     db::flush_all(db).map_err(write_error)?;
-    on_disk.reached(applied, operations);
+    on_disk.reached(applied, clock, operations);
     Ok(applied)
 }
 
@@ -795,9 +809,14 @@ mod tests {
 
     /// A log entry at `index` proposing `operations`.
     fn proposed(index: u64, operations: Vec<Operation>) -> LogEntry {
+        proposed_at(index, 1_000, operations)
+    }
+
+    /// A log entry at `index` proposing `operations` at the leader's clock `wall_clock_ms`.
+    fn proposed_at(index: u64, wall_clock_ms: u64, operations: Vec<Operation>) -> LogEntry {
         let entries = operations
             .into_iter()
-            .map(|operation| statestore_statemachine::Entry { operation, wall_clock_ms: 1_000 })
+            .map(|operation| statestore_statemachine::Entry { operation, wall_clock_ms })
             .collect();
         LogEntry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
@@ -871,6 +890,51 @@ mod tests {
         assert_eq!(applied_index_of(&mut crashed).await, 2, "the last flushed batch");
         assert_eq!(value_of(&crashed, "b"), Some(b"v".to_vec()));
         assert_eq!(value_of(&crashed, "c"), None, "the batch after the flush is applied again from the log");
+    }
+
+    /// A request retried late in its dedup retention is answered from the dedup table when it is
+    /// applied, and again when a crash makes the node apply it again from the log: compactions
+    /// drop dedup records only once they expired at the clock of the state on disk, not at the
+    /// applied clock, which a crash takes back.
+    #[tokio::test]
+    async fn a_retry_applied_again_after_a_crash_is_answered_as_the_first_time() {
+        const T0: u64 = 1_800_000_000_000;
+        // Retained for the message expiry (10 s) plus the grace (60 s).
+        const RETAINED: u64 = 70_000;
+        let dir = tempfile::tempdir().unwrap();
+        let mut node = open(dir.path());
+        node.state.apply([proposed_at(1, T0, vec![set("k", 1)])]).await.unwrap();
+        assert_eq!(node.reader.flush_applied().unwrap(), 1);
+        let version_of = |node: &NodeStorage| {
+            let record = node.reader.db.get_cf(cf(&node.reader.db, Table::Keys.name()), "k").unwrap().unwrap();
+            KeyRecord::decode(&record).unwrap().version
+        };
+        let written = version_of(&node);
+        // The client retries just before the record's retention ends, then the clock moves past it.
+        let later = [
+            proposed_at(2, T0 + RETAINED - 1_000, vec![set("k", 1)]),
+            proposed_at(3, T0 + RETAINED + 1_000, vec![set("other", 3)]),
+        ];
+        node.state.apply(later.clone()).await.unwrap();
+        assert_eq!(version_of(&node), written, "the retry was answered from the dedup table");
+        // A compaction of the request's dedup record (on disk since the flush) while entries 2
+        // and 3 are still only in memory.
+        let dedup = cf(&node.reader.db, Table::Dedup.name());
+        let first = statestore_statemachine::dedup::key(&statestore_statemachine::RequestIdentity {
+            response_topic: "clients/c/response".into(),
+            correlation_data: vec![1],
+        });
+        let mut options = rocksdb::CompactOptions::default();
+        options.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+        node.reader.db.compact_range_cf_opt(dedup, Some(&first), Some(&first), &options);
+        node.reader.db.flush_wal(true).unwrap();
+
+        let image = tempfile::tempdir().unwrap();
+        crash_image(dir.path(), image.path());
+        let mut crashed = open(image.path());
+        assert_eq!(applied_index_of(&mut crashed).await, 1, "entries 2 and 3 are applied again");
+        crashed.state.apply(later).await.unwrap();
+        assert_eq!(version_of(&crashed), written, "the retry is answered from the dedup table again");
     }
 
     /// What is applied and not on disk is counted in log entries and in operations (a request

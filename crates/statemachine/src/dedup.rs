@@ -7,7 +7,8 @@ use crate::codec::{pair_key, Reader, Writer};
 use crate::entry::{Reply, RequestIdentity};
 use crate::storage::{StorageError, StorageRead, Table, Txn};
 
-fn dedup_key(identity: &RequestIdentity) -> Vec<u8> {
+/// The dedup table's key of a request: its response topic and correlation data.
+pub fn key(identity: &RequestIdentity) -> Vec<u8> {
     pair_key(identity.response_topic.as_bytes(), &identity.correlation_data)
 }
 
@@ -20,7 +21,7 @@ pub fn lookup(
     identity: &RequestIdentity,
     now: u64,
 ) -> Result<Option<Reply>, StorageError> {
-    let Some(bytes) = store.get(Table::Dedup, &dedup_key(identity))? else {
+    let Some(bytes) = store.get(Table::Dedup, &key(identity))? else {
         return Ok(None);
     };
     let mut r = Reader::new(Table::Dedup, &bytes)?;
@@ -44,7 +45,7 @@ pub(crate) fn remember(
 ) -> Result<(), StorageError> {
     let record =
         Writer::new().u64(retain_until).bytes(&reply.response.encode()).opt_hlc(reply.version.as_ref()).finish();
-    txn.put(Table::Dedup, dedup_key(identity), record);
+    txn.put(Table::Dedup, key(identity), record);
     Ok(())
 }
 
@@ -77,7 +78,7 @@ mod tests {
         assert_eq!(lookup(&storage, &identity(1), 1_000).unwrap(), None, "retained until, not through");
         assert_eq!(lookup(&storage, &identity(2), 0).unwrap(), None);
 
-        let record = storage.get(Table::Dedup, &dedup_key(&identity(1))).unwrap().unwrap();
+        let record = storage.get(Table::Dedup, &key(&identity(1))).unwrap().unwrap();
         assert!(!expired(&record, 999));
         assert!(expired(&record, 1_000));
         assert!(!expired(b"garbage", u64::MAX), "kept for a read to report");
