@@ -935,6 +935,11 @@ mod tests {
         assert_eq!(applied_index_of(&mut crashed).await, 1, "entries 2 and 3 are applied again");
         crashed.state.apply(later).await.unwrap();
         assert_eq!(version_of(&crashed), written, "the retry is answered from the dedup table again");
+
+        // Once the state on disk is past the record's retention, a compaction drops it.
+        node.reader.flush_applied().unwrap();
+        node.reader.db.compact_range_cf_opt(dedup, Some(&first), Some(&first), &options);
+        assert_eq!(node.reader.db.get_cf(dedup, &first).unwrap(), None);
     }
 
     /// What is applied and not on disk is counted in log entries and in operations (a request
