@@ -136,7 +136,7 @@ impl Drop for ExpiredDedupFilter {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use rocksdb::{BottommostLevelCompaction, CompactOptions, WriteBatch, DB};
     use statestore_protocol::{Hlc, Request, Set};
     use statestore_statemachine::{ClientRequest, Entry, Operation, Overlay, RequestIdentity, StateMachine, Table};
@@ -164,7 +164,8 @@ mod tests {
         db.write(batch).unwrap();
     }
 
-    fn identity(n: u8) -> RequestIdentity {
+    /// The identity of request `n` of one client, for tests across the crate.
+    pub(crate) fn identity(n: u8) -> RequestIdentity {
         RequestIdentity { response_topic: "clients/c/response".into(), correlation_data: vec![n] }
     }
 

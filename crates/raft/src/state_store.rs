@@ -682,6 +682,7 @@ mod tests {
     use tokio::io::AsyncWriteExt;
 
     use super::*;
+    use crate::dedup_retention::tests::identity;
     use crate::NodeStorage;
 
     fn open(dir: &Path) -> NodeStorage {
@@ -840,10 +841,7 @@ mod tests {
                 fencing_token: None,
             },
             client_id: Some("c".into()),
-            identity: Some(statestore_statemachine::RequestIdentity {
-                response_topic: "clients/c/response".into(),
-                correlation_data: vec![correlation],
-            }),
+            identity: Some(identity(correlation)),
             message_expiry_secs: Some(10),
         })
     }
@@ -920,10 +918,7 @@ mod tests {
         // A compaction of the request's dedup record (on disk since the flush) while entries 2
         // and 3 are still only in memory.
         let dedup = cf(&node.reader.db, Table::Dedup.name());
-        let first = statestore_statemachine::dedup::key(&statestore_statemachine::RequestIdentity {
-            response_topic: "clients/c/response".into(),
-            correlation_data: vec![1],
-        });
+        let first = statestore_statemachine::dedup::key(&identity(1));
         let mut options = rocksdb::CompactOptions::default();
         options.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
         node.reader.db.compact_range_cf_opt(dedup, Some(&first), Some(&first), &options);
