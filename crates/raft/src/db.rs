@@ -21,7 +21,7 @@ use rocksdb::{
 use statestore_statemachine::storage::ScanPage;
 use statestore_statemachine::{Batch, StorageError, StorageRead, Table};
 
-use crate::dedup_retention::{DedupHorizon, ExpiredDedupFilterFactory};
+use crate::dedup_retention::{self, DedupHorizon, DedupIndex, ExpiredDedupFilterFactory};
 
 /// Where earlier versions kept the Raft log (log index, u64 BE → a bincode-encoded entry). A
 /// node that finds entries here moves them to the log's files when it opens; it stays empty.
@@ -50,7 +50,8 @@ pub const BLOOM_BITS_PER_KEY: f64 = 10.0;
 pub const MEMTABLE_BLOOM_RATIO: f64 = 0.02;
 
 /// Opens (or creates) the database at `path` with every column family. Compactions of the dedup
-/// table drop records expired at `dedup_horizon` (see [`crate::dedup_retention`]).
+/// table drop records expired at `dedup_horizon`, and a dedup table an earlier version keyed by
+/// request is keyed by retention (see [`crate::dedup_retention`]).
 pub fn open(path: &Path, dedup_horizon: &Arc<DedupHorizon>) -> Result<Arc<DB>, rocksdb::Error> {
     let mut options = Options::default();
     options.create_if_missing(true);
@@ -92,6 +93,9 @@ pub fn open(path: &Path, dedup_horizon: &Arc<DedupHorizon>) -> Result<Arc<DB>, r
     // dedup lookups that a filter let through read and decompressed one every time (about 4% of
     // a node's CPU there). Held this way they take about 1% of the table files' bytes.
     table.set_cache_index_and_filter_blocks(false);
+    let mut dedup_table = BlockBasedOptions::default();
+    dedup_table.set_block_cache(&cache);
+    dedup_table.set_cache_index_and_filter_blocks(false);
     // Every column family on disk must be opened, retired ones included, before they can go.
     let retired: Vec<String> = DB::list_cf(&options, path)
         .unwrap_or_default()
@@ -105,12 +109,14 @@ pub fn open(path: &Path, dedup_horizon: &Arc<DedupHorizon>) -> Result<Arc<DB>, r
             cf_options.set_block_based_table_factory(&table);
             if name == Table::Dedup.name() {
                 cf_options.set_compaction_filter_factory(ExpiredDedupFilterFactory::new(dedup_horizon.clone()));
+                // No bloom filters: the dedup index in memory answers the lookups that would
+                // miss, so the table is read only for a record the index knows of.
+                cf_options.set_block_based_table_factory(&dedup_table);
             }
-            if name == Table::Dedup.name() || name == Table::Keys.name() {
-                // A whole-key bloom filter on the memtable: every apply looks up its request's
-                // dedup record and its key, and most of those lookups miss the memtable (a new
-                // request; a key not written lately), which without it costs a skip-list search
-                // of the whole memtable each.
+            if name == Table::Keys.name() {
+                // A whole-key bloom filter on the memtable: every apply that writes looks up its
+                // key, and most of those lookups miss the memtable (a key not written lately),
+                // which without it costs a skip-list search of the whole memtable each.
                 cf_options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO);
                 cf_options.set_memtable_whole_key_filtering(true);
             }
@@ -121,6 +127,7 @@ pub fn open(path: &Path, dedup_horizon: &Arc<DedupHorizon>) -> Result<Arc<DB>, r
     for name in &retired {
         db.drop_cf(name)?;
     }
+    dedup_retention::key_by_retention(&db)?;
     Ok(Arc::new(db))
 }
 
@@ -255,25 +262,38 @@ pub fn backend(error: rocksdb::Error) -> StorageError {
 }
 
 /// The state-machine tables of a database, read directly: every read sees the latest applied
-/// batch, and a batch is never half visible.
+/// batch, and a batch is never half visible. Dedup records are stored by retention and read
+/// only through their index ([`WithDedup`]).
 #[derive(Clone, Copy)]
 pub struct Tables<'a> {
     pub db: &'a DB,
 }
 
+/// A read of the dedup table by request where its index is not at hand.
+fn dedup_without_index() -> StorageError {
+    StorageError::Backend("dedup records are stored by retention and read only through their index".into())
+}
+
 impl StorageRead for Tables<'_> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        if table == Table::Dedup {
+            return Err(dedup_without_index());
+        }
         self.db.get_cf(cf(self.db, table.name()), key).map_err(backend)
     }
 
     fn scan(&self, table: Table, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Result<ScanPage, StorageError> {
+        if table == Table::Dedup {
+            return Err(dedup_without_index());
+        }
         let start = scan_start(prefix, after);
         let iter = self.db.iterator_cf(cf(self.db, table.name()), IteratorMode::From(&start, Direction::Forward));
         scan_page(iter, prefix, limit)
     }
 }
 
-/// The state-machine tables as a RocksDB snapshot saw them.
+/// The state-machine tables as a RocksDB snapshot saw them, but for the dedup table, which is
+/// read only as the latest state ([`WithDedup`]).
 pub struct ViewTables<'a> {
     pub db: &'a DB,
     pub view: &'a SnapshotWithThreadMode<'a, DB>,
@@ -281,13 +301,45 @@ pub struct ViewTables<'a> {
 
 impl StorageRead for ViewTables<'_> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        if table == Table::Dedup {
+            return Err(dedup_without_index());
+        }
         self.view.get_cf(cf(self.db, table.name()), key).map_err(backend)
     }
 
     fn scan(&self, table: Table, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Result<ScanPage, StorageError> {
+        if table == Table::Dedup {
+            return Err(dedup_without_index());
+        }
         let start = scan_start(prefix, after);
         let iter = self.view.iterator_cf(cf(self.db, table.name()), IteratorMode::From(&start, Direction::Forward));
         scan_page(iter, prefix, limit)
+    }
+}
+
+/// [`Tables`] with dedup records looked up by request through their index.
+#[derive(Clone, Copy)]
+pub struct WithDedup<'a> {
+    pub tables: Tables<'a>,
+    pub index: &'a DedupIndex,
+}
+
+impl<'a> WithDedup<'a> {
+    pub fn new(db: &'a DB, index: &'a DedupIndex) -> Self {
+        WithDedup { tables: Tables { db }, index }
+    }
+}
+
+impl StorageRead for WithDedup<'_> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        if table == Table::Dedup {
+            return dedup_retention::get(self.tables.db, self.index, key).map_err(backend);
+        }
+        self.tables.get(table, key)
+    }
+
+    fn scan(&self, table: Table, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> Result<ScanPage, StorageError> {
+        self.tables.scan(table, prefix, after, limit)
     }
 }
 
@@ -326,9 +378,14 @@ fn scan_page(
     Ok(page)
 }
 
-/// Adds a state-machine [`Batch`] to a RocksDB write batch.
-pub fn add_to(write_batch: &mut WriteBatch, db: &DB, batch: Batch) {
+/// Adds a state-machine [`Batch`] to a RocksDB write batch; dedup records are keyed by retention
+/// and noted in `dedup`.
+pub fn add_to(write_batch: &mut WriteBatch, db: &DB, dedup: &DedupIndex, batch: Batch) {
     for (table, key, value) in batch.writes {
+        if table == Table::Dedup {
+            dedup_retention::add_write(db, dedup, write_batch, &key, value.as_deref());
+            continue;
+        }
         let cf = cf(db, table.name());
         match value {
             Some(value) => write_batch.put_cf(cf, key, value),
@@ -360,7 +417,8 @@ mod tests {
                 .collect(),
         };
         let mut write_batch = WriteBatch::default();
-        add_to(&mut write_batch, &db, batch.clone());
+        let dedup = DedupIndex::default();
+        add_to(&mut write_batch, &db, &dedup, batch.clone());
         db.write(write_batch).unwrap();
         mem.write(batch).unwrap();
         let tables = Tables { db: &db };
@@ -393,7 +451,7 @@ mod tests {
         for n in 0..1_500 {
             db.put_cf(keys, key(n), vec![b'v'; 4096]).unwrap();
         }
-        // Rewritten into a file of the last level: the index of an L0 file stays pinned.
+        // Rewritten into a file of the last level, as most of a large table is.
         let mut compaction = rocksdb::CompactOptions::default();
         compaction.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
         db.compact_range_cf_opt(keys, None::<&[u8]>, None::<&[u8]>, &compaction);

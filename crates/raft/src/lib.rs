@@ -4,7 +4,8 @@
 //! # Layout
 //! - [`types`]: [`TypeConfig`] and aliases of openraft's generic types.
 //! - [`db`]: the one RocksDB per node and its column families.
-//! - [`dedup_retention`]: compactions drop expired dedup records.
+//! - [`dedup_retention`]: dedup records keyed by retention, their index in memory, and their
+//!   removal once expired.
 //! - [`log_store`]: the log (fsynced before openraft is told it is on disk) and the vote;
 //!   [`log_files`]: the log's segment files.
 //! - [`state_store`]: apply (one write batch per call), snapshot build and install.
@@ -265,6 +266,10 @@ pub fn open(data_dir: &Path, config: Config, metrics: StorageMetrics) -> Result<
     let clock =
         statestore_statemachine::meta::clock(&db::Tables { db: &db }).map_err(|e| state_error(e.to_string()))?;
     shared.applied_on_disk.reached(applied, clock, 0);
+    shared
+        .dedup_index
+        .load(&db, shared.dedup_horizon.now())
+        .map_err(|source| OpenError::Db { path: db_path.display().to_string(), source })?;
     let committed = Arc::new(AtomicU64::new(0));
     if let Ok(Some((_, data))) = snapshots.current() {
         shared.log_bytes.set_snapshot_size(std::fs::metadata(data).map_or(0, |m| m.len()));
@@ -303,6 +308,8 @@ pub fn open(data_dir: &Path, config: Config, metrics: StorageMetrics) -> Result<
         damage: shared.damage.clone(),
         identity: shared.identity.clone(),
         applied_on_disk: shared.applied_on_disk.clone(),
+        dedup_horizon: shared.dedup_horizon.clone(),
+        dedup_index: shared.dedup_index.clone(),
         fsync: shared.fsync.clone(),
     };
     let applied_name = reader.cluster_id().map_err(|e| state_error(e.to_string()))?;
@@ -324,6 +331,8 @@ pub struct StateReader {
     damage: Arc<DamageReport>,
     identity: Arc<identity::IdentityMemo>,
     applied_on_disk: Arc<db::AppliedOnDisk>,
+    dedup_horizon: Arc<dedup_retention::DedupHorizon>,
+    dedup_index: Arc<dedup_retention::DedupIndex>,
     fsync: Arc<FsyncWatch>,
 }
 
@@ -372,7 +381,7 @@ impl StateReader {
     /// The stored reply of a request applied before, if it is still retained at the applied
     /// clock.
     pub fn dedup_lookup(&self, identity: &RequestIdentity) -> Result<Option<Reply>, StorageError> {
-        let tables = db::Tables { db: &self.db };
+        let tables = db::WithDedup::new(&self.db, &self.dedup_index);
         let now = self.checked(statestore_statemachine::meta::clock(&tables))?;
         self.checked(statestore_statemachine::dedup::lookup(&tables, identity, now))
     }
@@ -453,10 +462,14 @@ impl StateReader {
     }
 
     /// Writes what is applied to disk (the state machine's writes skip the WAL, see [`db`]), so
-    /// that a node stopped cleanly does not apply the log again when it starts; returns the log
-    /// index written up to. Blocking: run it off the async threads.
+    /// that a node stopped cleanly does not apply the log again when it starts, then removes the
+    /// dedup table's files that hold only records expired at the clock now on disk; returns the
+    /// log index written up to. Blocking: run it off the async threads.
     pub fn flush_applied(&self) -> Result<u64, types::RaftStorageError> {
-        state_store::flush_applied(&self.db, &self.applied_on_disk)
+        let on_disk = state_store::flush_applied(&self.db, &self.applied_on_disk)?;
+        dedup_retention::drop_expired_files(&self.db, self.dedup_horizon.now())
+            .map_err(|e| openraft::StorageIOError::write_state_machine(openraft::AnyError::error(e.into_string())))?;
+        Ok(on_disk)
     }
 
     /// The log entries and operations (requests, housekeeping, entries without either) applied

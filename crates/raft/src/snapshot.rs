@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use statestore_statemachine::Table;
 
+use crate::dedup_retention;
 use crate::types::SnapshotMeta;
 use crate::wire::{decode, encode};
 
@@ -96,7 +97,17 @@ impl<W: Write> SnapshotWriter<W> {
     }
 
     pub fn push(&mut self, table: Table, key: &[u8], value: &[u8]) -> io::Result<()> {
-        self.write(&[table_tag(table)])?;
+        self.push_tagged(table_tag(table), key, value)
+    }
+
+    /// Pushes a dedup record as earlier versions did: keyed by request.
+    #[cfg(test)]
+    pub(crate) fn push_request_keyed_dedup(&mut self, request_key: &[u8], record: &[u8]) -> io::Result<()> {
+        self.push_tagged(DEDUP_BY_REQUEST, request_key, record)
+    }
+
+    fn push_tagged(&mut self, tag: u8, key: &[u8], value: &[u8]) -> io::Result<()> {
+        self.write(&[tag])?;
         for part in [key, value] {
             self.write(&(part.len() as u32).to_be_bytes())?;
             self.write(part)?;
@@ -176,8 +187,13 @@ impl<R: Read> RecordReader<R> {
             let key = self.part()?;
             let value = self.part()?;
             self.records += 1;
-            if tag[0] != RETIRED_DEDUP_INDEX {
-                return Ok(Some((table_of(tag[0])?, key, value)));
+            match tag[0] {
+                RETIRED_DEDUP_INDEX => {}
+                DEDUP_BY_REQUEST => {
+                    let stored = dedup_retention::stored_key(dedup_retention::retention_of(&value), &key);
+                    return Ok(Some((Table::Dedup, stored, value)));
+                }
+                tag => return Ok(Some((table_of(tag)?, key, value))),
             }
         }
     }
@@ -212,11 +228,16 @@ pub fn table_tag(table: Table) -> u8 {
         Table::Expiry => 1,
         Table::Watchers => 2,
         Table::WatchedKeys => 3,
-        Table::Dedup => 4,
+        Table::Dedup => 8,
         Table::Outbox => 6,
         Table::Meta => 7,
     }
 }
+
+/// The tag of dedup records as earlier versions kept them: keyed by request, in that order. They
+/// are read as dedup records keyed by retention ([`dedup_retention::stored_key`]), which puts
+/// them out of key order.
+const DEDUP_BY_REQUEST: u8 = 4;
 
 /// The tag of a table earlier versions kept (an index of dedup records by retention time):
 /// its records are checked like any other and skipped.
@@ -595,7 +616,7 @@ mod tests {
     #[test]
     fn tags_are_distinct_and_stable() {
         let tags: Vec<u8> = Table::ALL.iter().map(|t| table_tag(*t)).collect();
-        assert_eq!(tags, vec![0, 1, 2, 3, 4, 6, 7]);
+        assert_eq!(tags, vec![0, 1, 2, 3, 8, 6, 7]);
         for table in Table::ALL {
             assert_eq!(table_of(table_tag(table)).unwrap(), table);
         }

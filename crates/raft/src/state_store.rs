@@ -29,8 +29,8 @@ use statestore_statemachine::{dedup, meta, KeyRecord, Operation, Overlay, StateM
 use tokio::sync::broadcast;
 
 use crate::damage::{DamageReport, Damaged};
-use crate::db::{self, add_to, cf, synced, AppliedOnDisk, Tables, ViewTables};
-use crate::dedup_retention::DedupHorizon;
+use crate::db::{self, add_to, cf, synced, AppliedOnDisk, Tables, ViewTables, WithDedup};
+use crate::dedup_retention::{DedupHorizon, DedupIndex};
 use crate::identity::IdentityMemo;
 use crate::metrics::StorageMetrics;
 use crate::snapshot::{
@@ -51,6 +51,9 @@ const INSTALLING: &[u8] = b"raft_installing_snapshot";
 /// whole and syncs it when finished; a smaller file is a shorter burst of writes for the
 /// node's WAL fsyncs to wait behind.
 const INGEST_FILE_BYTES: u64 = 8 << 20;
+/// Index entries of expired dedup records an apply call forgets at least, beyond two per
+/// operation it applied: enough to keep up with the records it adds, bounded per call.
+const FORGET_PER_APPLY: usize = 64;
 
 fn read_error(e: impl ToString) -> RaftStorageError {
     StorageIOError::read_state_machine(AnyError::error(e.to_string())).into()
@@ -91,6 +94,8 @@ pub(crate) struct SharedState {
     pub installing: Arc<AtomicBool>,
     /// The clock of `applied_on_disk`, held back while a snapshot is built.
     pub dedup_horizon: Arc<DedupHorizon>,
+    /// Where each dedup record is stored; told of every record an apply writes.
+    pub dedup_index: Arc<DedupIndex>,
     /// Told of a kept snapshot found damaged.
     pub damage: Arc<DamageReport>,
     /// The applied identity records in memory; told when an apply or an install changes them.
@@ -108,6 +113,7 @@ impl Default for SharedState {
             log_bytes: Arc::default(),
             installing: Arc::default(),
             dedup_horizon: Arc::new(DedupHorizon::new(applied_on_disk.clone())),
+            dedup_index: Arc::default(),
             damage: Arc::default(),
             identity: Arc::default(),
             applied_on_disk,
@@ -156,7 +162,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         I::IntoIter: OptionalSend,
     {
         let started = Instant::now();
-        let tables = Tables { db: &self.db };
+        let tables = WithDedup::new(&self.db, &self.shared.dedup_index);
         let mut overlay = Overlay::new(&tables);
         let mut results = Vec::new();
         let mut last_applied = None;
@@ -204,7 +210,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
             return Ok(results);
         }
         let mut batch = WriteBatch::default();
-        add_to(&mut batch, &self.db, overlay.into_batch());
+        add_to(&mut batch, &self.db, &self.shared.dedup_index, overlay.into_batch());
         let meta = cf(&self.db, Table::Meta.name());
         batch.put_cf(meta, LAST_APPLIED, encode(&last_applied).map_err(write_error)?);
         if let Some(membership) = membership {
@@ -214,6 +220,9 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         // the last batch a flush wrote (see `db`).
         self.db.write_opt(batch, &db::unlogged()).map_err(write_error)?;
         self.shared.applied_on_disk.count_applied(last_applied.map_or(0, |id| id.index), operations);
+        self.shared
+            .dedup_index
+            .forget_expired(self.shared.dedup_horizon.now(), 2 * operations as usize + FORGET_PER_APPLY);
         if identity_changed {
             self.shared.identity.changed();
         }
@@ -300,6 +309,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
             let operations = shared.applied_on_disk.applied_operations();
             let clock = meta::clock(&Tables { db: &db }).map_err(read_error)?;
             shared.applied_on_disk.reached(snapshot_meta.last_log_id.map_or(0, |id| id.index), clock, operations);
+            shared.dedup_index.load(&db, shared.dedup_horizon.now()).map_err(read_error)?;
             Ok(())
         })
         .await??;
@@ -433,12 +443,12 @@ fn load_records(db: &DB, meta: &SnapshotMeta, data: &Path, snapshots: &SnapshotD
     let file = std::fs::File::open(data).map_err(snapshot_error)?;
     let mut records = RecordReader::new(BufReader::with_capacity(1 << 20, file)).map_err(snapshot_error)?;
     let options = db::external_file_options();
-    let mut ingester = Ingester { db, options: &options, snapshots, file_bytes: INGEST_FILE_BYTES, open: None };
+    let mut ingester = Ingester::new(db, &options, snapshots, INGEST_FILE_BYTES);
     let loaded = (|| {
         while let Some((table, key, value)) = records.next_record().map_err(snapshot_error)? {
             ingester.put(table, &key, &value)?;
         }
-        ingester.ingest_open()
+        ingester.finish()
     })();
     if let Some(open) = ingester.open.take() {
         let _ = std::fs::remove_file(open.path);
@@ -453,7 +463,9 @@ fn load_records(db: &DB, meta: &SnapshotMeta, data: &Path, snapshots: &SnapshotD
 }
 
 /// Writes a snapshot's records, table by table in key order as a snapshot holds them, into table
-/// files of about `file_bytes` each and ingests each into its column family.
+/// files of about `file_bytes` each and ingests each into its column family. Dedup records of a
+/// snapshot from an earlier version come in request order, out of the order they are stored in
+/// ([`crate::snapshot`]): those go through write batches instead.
 struct Ingester<'a> {
     db: &'a DB,
     options: &'a rocksdb::Options,
@@ -461,6 +473,9 @@ struct Ingester<'a> {
     /// Bytes of records after which a table file is finished and ingested.
     file_bytes: u64,
     open: Option<OpenTableFile<'a>>,
+    /// Dedup records out of order, written (through the WAL, which the install's last, synced
+    /// batch syncs) once they hold `file_bytes`.
+    unordered: WriteBatch,
 }
 
 struct OpenTableFile<'a> {
@@ -473,10 +488,24 @@ struct OpenTableFile<'a> {
     bytes: u64,
     /// `bytes` at the last write-out.
     written_out: u64,
+    /// The last key written.
+    last_key: Vec<u8>,
 }
 
 impl<'a> Ingester<'a> {
+    fn new(db: &'a DB, options: &'a rocksdb::Options, snapshots: &'a SnapshotDir, file_bytes: u64) -> Self {
+        Ingester { db, options, snapshots, file_bytes, open: None, unordered: WriteBatch::default() }
+    }
+
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), RaftStorageError> {
+        let out_of_order = |open: &OpenTableFile| open.table == table && key <= &open.last_key[..];
+        if table == Table::Dedup && self.open.as_ref().is_some_and(out_of_order) {
+            self.unordered.put_cf(cf(self.db, table.name()), key, value);
+            if self.unordered.size_in_bytes() as u64 >= self.file_bytes {
+                self.write_unordered()?;
+            }
+            return Ok(());
+        }
         if self.open.as_ref().is_some_and(|open| open.table != table || open.bytes >= self.file_bytes) {
             self.ingest_open()?;
         }
@@ -487,11 +516,14 @@ impl<'a> Ingester<'a> {
                 let writer = SstFileWriter::create(self.options);
                 writer.open(&path).map_err(write_error)?;
                 let pages = std::fs::File::open(&path).map_err(write_error)?;
-                self.open.insert(OpenTableFile { table, writer, path, pages, bytes: 0, written_out: 0 })
+                let last_key = Vec::new();
+                self.open.insert(OpenTableFile { table, writer, path, pages, bytes: 0, written_out: 0, last_key })
             }
         };
         // A snapshot out of key order (not one this store wrote) is refused here.
         open.writer.put(key, value).map_err(write_error)?;
+        open.last_key.clear();
+        open.last_key.extend_from_slice(key);
         open.bytes += (key.len() + value.len()) as u64;
         if open.bytes - open.written_out >= WRITE_OUT_EVERY {
             write_out(&open.pages, 0, 0).map_err(write_error)?;
@@ -512,6 +544,20 @@ impl<'a> Ingester<'a> {
         })();
         let _ = std::fs::remove_file(&open.path);
         ingested.map_err(write_error)
+    }
+
+    /// Ingests and writes everything put so far.
+    fn finish(&mut self) -> Result<(), RaftStorageError> {
+        self.ingest_open()?;
+        self.write_unordered()
+    }
+
+    /// Writes the dedup records out of order held so far.
+    fn write_unordered(&mut self) -> Result<(), RaftStorageError> {
+        if self.unordered.is_empty() {
+            return Ok(());
+        }
+        self.db.write(std::mem::take(&mut self.unordered)).map_err(write_error)
     }
 }
 
@@ -750,12 +796,12 @@ mod tests {
         let options = db::external_file_options();
         let snapshots = &to.state.snapshots;
         // About 20 records of 200 bytes per file: 150 files for the keys.
-        let mut ingester = Ingester { db, options: &options, snapshots, file_bytes: 4096, open: None };
+        let mut ingester = Ingester::new(db, &options, snapshots, 4096);
         let mut records = RecordReader::new(std::fs::File::open(&data).unwrap()).unwrap();
         while let Some((table, key, value)) = records.next_record().unwrap() {
             ingester.put(table, &key, &value).unwrap();
         }
-        ingester.ingest_open().unwrap();
+        ingester.finish().unwrap();
         let keys_files = db.live_files().unwrap().iter().filter(|f| f.column_family_name == Table::Keys.name()).count();
         assert!(keys_files > 100, "{keys_files} table files");
         let mut installed = dump(db);
@@ -780,6 +826,72 @@ mod tests {
         assert!(db.get_cf(cf(db, Table::Keys.name()), b"b").unwrap().is_none(), "nothing was ingested");
         let left = install_files_left(dir.path());
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    /// A snapshot from an earlier version holds dedup records keyed by request, in that order:
+    /// installed, they are keyed by retention (out of the order they came in) and every request
+    /// is answered from them.
+    #[tokio::test]
+    async fn dedup_records_of_a_snapshot_from_an_earlier_version_are_installed_by_retention() {
+        const T0: u64 = 1_800_000_000_000;
+        let source = tempfile::tempdir().unwrap();
+        let mut from = open(source.path());
+        // Each request with a shorter message expiry than the one before, so that their
+        // retentions fall as their request keys rise.
+        let entries: Vec<LogEntry> = (1..=40)
+            .map(|n| {
+                let mut operation = set("k", n);
+                if let Operation::Request(request) = &mut operation {
+                    request.message_expiry_secs = Some(100 - u32::from(n));
+                }
+                proposed_at(u64::from(n), T0, vec![operation])
+            })
+            .collect();
+        from.state.apply(entries).await.unwrap();
+        let data = source.path().join("earlier.data");
+        let mut writer = SnapshotWriter::new(std::fs::File::create(&data).unwrap()).unwrap();
+        let db = &from.reader.db;
+        for table in Table::ALL {
+            let records = db.iterator_cf(cf(db, table.name()), IteratorMode::Start).map(Result::unwrap);
+            if table != Table::Dedup {
+                for (key, value) in records {
+                    writer.push(table, &key, &value).unwrap();
+                }
+                continue;
+            }
+            let stored: Vec<Vec<u8>> = records.map(|(key, _)| key.to_vec()).collect();
+            let mut by_request: Vec<Vec<u8>> = stored.iter().map(|key| key[8..].to_vec()).collect();
+            by_request.sort();
+            let stored_order: Vec<Vec<u8>> = stored.iter().map(|key| key[8..].to_vec()).collect();
+            assert_ne!(by_request, stored_order, "the orders differ");
+            for request_key in by_request {
+                let key = stored.iter().find(|key| key[8..] == request_key[..]).unwrap();
+                writer
+                    .push_request_keyed_dedup(&request_key, &db.get_cf(cf(db, table.name()), key).unwrap().unwrap())
+                    .unwrap();
+            }
+        }
+        writer.finish().unwrap();
+        let expected = dump(&from.reader.db);
+
+        let dir = tempfile::tempdir().unwrap();
+        let mut to = open(dir.path());
+        let meta = SnapshotMeta {
+            last_log_id: Some(LogId::new(CommittedLeaderId::new(1, 1), 40)),
+            last_membership: Default::default(),
+            snapshot_id: "earlier".into(),
+        };
+        let file = tokio::fs::File::open(&data).await.unwrap();
+        to.state.install_snapshot(&meta, Box::new(file)).await.unwrap();
+        let mut installed = dump(&to.reader.db);
+        installed.retain(|(table, _, _)| *table != Table::Meta);
+        let mut expected = expected;
+        expected.retain(|(table, _, _)| *table != Table::Meta);
+        assert_eq!(installed, expected);
+        for n in 1..=40 {
+            let reply = to.reader.dedup_lookup(&identity(n)).unwrap();
+            assert!(reply.is_some(), "request {n} is answered from the dedup table");
+        }
     }
 
     #[tokio::test]
@@ -918,7 +1030,8 @@ mod tests {
         // A compaction of the request's dedup record (on disk since the flush) while entries 2
         // and 3 are still only in memory.
         let dedup = cf(&node.reader.db, Table::Dedup.name());
-        let first = statestore_statemachine::dedup::key(&identity(1));
+        let first =
+            crate::dedup_retention::stored_key(T0 + RETAINED, &statestore_statemachine::dedup::key(&identity(1)));
         let mut options = rocksdb::CompactOptions::default();
         options.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
         node.reader.db.compact_range_cf_opt(dedup, Some(&first), Some(&first), &options);

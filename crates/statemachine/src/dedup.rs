@@ -54,7 +54,13 @@ pub(crate) fn remember(
 /// whenever it likes, e.g. while compacting. An unreadable record is kept, for the next read to
 /// report.
 pub fn expired(record: &[u8], now: u64) -> bool {
-    Reader::new(Table::Dedup, record).and_then(|mut r| r.u64()).is_ok_and(|retain_until| retain_until <= now)
+    retain_until(record).is_some_and(|retain_until| retain_until <= now)
+}
+
+/// Until when (ms since the epoch, the replicated clock) a stored dedup record is retained;
+/// none for an unreadable record.
+pub fn retain_until(record: &[u8]) -> Option<u64> {
+    Reader::new(Table::Dedup, record).and_then(|mut r| r.u64()).ok()
 }
 
 #[cfg(test)]
