@@ -178,6 +178,16 @@ pub fn unlogged() -> WriteOptions {
     options
 }
 
+/// Adds the deletion of every record `cf` holds now to `batch`: one range delete up to its last
+/// key, and that key.
+pub fn add_clear(batch: &mut WriteBatch, db: &DB, cf: &ColumnFamily) -> Result<(), rocksdb::Error> {
+    if let Some((last, _)) = db.iterator_cf(cf, IteratorMode::End).next().transpose()? {
+        batch.delete_range_cf(cf, &[][..], &last[..]);
+        batch.delete_cf(cf, &last);
+    }
+    Ok(())
+}
+
 /// Flushes every column family's memtable to table files, as one atomic flush, and waits for it.
 pub fn flush_all(db: &DB) -> Result<(), rocksdb::Error> {
     let handles: Vec<&ColumnFamily> = column_families().into_iter().map(|name| cf(db, name)).collect();

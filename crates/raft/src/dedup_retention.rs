@@ -35,7 +35,7 @@ use rocksdb::compaction_filter_factory::{CompactionFilterContext, CompactionFilt
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, DB};
 use statestore_statemachine::{dedup, Table};
 
-use crate::db::{cf, synced, AppliedOnDisk, RAFT_META_CF};
+use crate::db::{add_clear, cf, synced, AppliedOnDisk, RAFT_META_CF};
 
 /// The key of a dedup record on disk: the end of its retention (ms, u64 BE), then its request's
 /// key in the state machine (`dedup::key`).
@@ -71,6 +71,13 @@ struct IndexEntries {
     by_retention: BTreeSet<(u64, u64)>,
 }
 
+impl IndexEntries {
+    fn add(&mut self, hash: u64, retain_until: u64) {
+        self.by_request.insert((hash, retain_until));
+        self.by_retention.insert((retain_until, hash));
+    }
+}
+
 /// The index's hash of a request key. Only this process reads it: the index is built anew
 /// whenever the database opens or a snapshot is installed.
 fn request_hash(request_key: &[u8]) -> u64 {
@@ -83,9 +90,7 @@ impl DedupIndex {
     /// Notes a record of `request_key` retained until `retain_until`.
     pub fn insert(&self, request_key: &[u8], retain_until: u64) {
         let hash = request_hash(request_key);
-        let mut entries = self.entries.lock().expect("dedup index lock");
-        entries.by_request.insert((hash, retain_until));
-        entries.by_retention.insert((retain_until, hash));
+        self.entries.lock().expect("dedup index lock").add(hash, retain_until);
     }
 
     /// The retentions of the records that may be `request_key`'s, latest first. Two different
@@ -131,9 +136,7 @@ impl DedupIndex {
         for item in db.iterator_cf_opt(cf(db, Table::Dedup.name()), options, IteratorMode::Start) {
             let (key, _) = item?;
             let Some(retain_until) = stored_retention(&key) else { continue };
-            let hash = request_hash(&key[8..]);
-            loaded.by_request.insert((hash, retain_until));
-            loaded.by_retention.insert((retain_until, hash));
+            loaded.add(request_hash(&key[8..]), retain_until);
         }
         *self.entries.lock().expect("dedup index lock") = loaded;
         Ok(())
@@ -196,17 +199,13 @@ pub fn key_by_retention(db: &DB) -> Result<usize, rocksdb::Error> {
     let dedup = cf(db, Table::Dedup.name());
     let mut batch = WriteBatch::default();
     let mut moved = 0;
-    let last = db.iterator_cf(dedup, IteratorMode::End).next().transpose()?;
-    if let Some((last, _)) = last {
-        // Every old key goes first; the stored keys are put after, so none of them is deleted
-        // even if it happens to equal an old key.
-        batch.delete_range_cf(dedup, &[][..], &last[..]);
-        batch.delete_cf(dedup, &last);
-        for item in db.iterator_cf(dedup, IteratorMode::Start) {
-            let (key, record) = item?;
-            batch.put_cf(dedup, stored_key(retention_of(&record), &key), &record);
-            moved += 1;
-        }
+    // Every old key goes first; the stored keys are put after, so none of them is deleted even
+    // if it happens to equal an old key.
+    add_clear(&mut batch, db, dedup)?;
+    for item in db.iterator_cf(dedup, IteratorMode::Start) {
+        let (key, record) = item?;
+        batch.put_cf(dedup, stored_key(retention_of(&record), &key), &record);
+        moved += 1;
     }
     batch.put_cf(meta, KEYED_BY_RETENTION, []);
     db.write_opt(batch, &synced())?;

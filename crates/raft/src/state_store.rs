@@ -425,12 +425,7 @@ fn install(db: &DB, meta: &SnapshotMeta, data: &Path, snapshots: &SnapshotDir) -
 fn clear_for_install(db: &DB, meta: &SnapshotMeta) -> Result<(), RaftStorageError> {
     let mut batch = WriteBatch::default();
     for table in Table::ALL {
-        let cf = cf(db, table.name());
-        let last = db.iterator_cf(cf, IteratorMode::End).next().transpose().map_err(read_error)?;
-        if let Some((last, _)) = last {
-            batch.delete_range_cf(cf, &[][..], &last[..]);
-            batch.delete_cf(cf, &last);
-        }
+        db::add_clear(&mut batch, db, cf(db, table.name())).map_err(read_error)?;
     }
     batch.put_cf(cf(db, Table::Meta.name()), INSTALLING, meta.snapshot_id.as_bytes());
     db.write_opt(batch, &synced()).map_err(write_error)
