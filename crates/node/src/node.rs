@@ -205,6 +205,7 @@ impl Node {
         let log = storage.log.reader();
         let raft = Raft::new(config.id, raft_config, network.clone(), storage.log, storage.state).await?;
         let peer_health = network.health().clone();
+        peer_health.register(&metrics.registry)?;
         let elector = Elector::new(
             config.id,
             raft.clone(),

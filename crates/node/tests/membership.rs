@@ -128,13 +128,7 @@ async fn a_learner_joins_a_loaded_cluster_is_promoted_and_a_member_is_removed() 
     cluster.wait_applied(4, status["applied_index"].as_u64().unwrap()).await;
     assert_local_state(&cluster, 4, &written).await;
 
-    let promoted = cluster
-        .http
-        .post(format!("{}/cluster/members", cluster.url(leader)))
-        .json(&serde_json::json!({"promote": [4]}))
-        .send()
-        .await
-        .unwrap();
+    let promoted = cluster.change_members(leader, serde_json::json!({"promote": [4]})).send().await.unwrap();
     assert_eq!(promoted.status(), 200);
     let status: serde_json::Value = promoted.json().await.unwrap();
     let voters: Vec<u64> = status["voters"].as_array().unwrap().iter().map(|m| m["id"].as_u64().unwrap()).collect();
@@ -142,13 +136,7 @@ async fn a_learner_joins_a_loaded_cluster_is_promoted_and_a_member_is_removed() 
     assert!(status["learners"].as_array().unwrap().is_empty());
 
     // Remove the leader itself: the rest elect a new one and keep working.
-    let removed = cluster
-        .http
-        .post(format!("{}/cluster/members", cluster.url(leader)))
-        .json(&serde_json::json!({"remove": [leader]}))
-        .send()
-        .await
-        .unwrap();
+    let removed = cluster.change_members(leader, serde_json::json!({"remove": [leader]})).send().await.unwrap();
     assert_eq!(removed.status(), 200);
     cluster.kill(leader);
     let new_leader = cluster.wait_leader().await;
@@ -158,6 +146,54 @@ async fn a_learner_joins_a_loaded_cluster_is_promoted_and_a_member_is_removed() 
     assert!(!voters.contains(&leader) && voters.len() == 3, "{voters:?}");
     written.extend(write_keys(&cluster, "after-removal", 20).await);
     let applied = cluster.status(new_leader).await.unwrap()["applied_index"].as_u64().unwrap();
+    for id in cluster.running() {
+        cluster.wait_applied(id, applied).await;
+        assert_local_state(&cluster, id, &written).await;
+    }
+}
+
+/// The appends streams the leader opened to `peer` and the requests to it that failed, from the
+/// leader's metrics `text`.
+fn streams_and_failures(text: &str, peer: u64) -> (f64, f64) {
+    let count = |name: &str| metric(text, &format!("{name}{{peer=\"{peer}\"}}")).unwrap_or(0.0);
+    (count("statestore_raft_append_streams_opened_total"), count("statestore_raft_peer_request_failures_total"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_changes_keep_the_leaders_streams_to_the_members_they_keep() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let mut written = write_keys(&cluster, "before", 20).await;
+    let leader = cluster.wait_leader().await;
+    let followers: Vec<u64> = cluster.running().into_iter().filter(|id| *id != leader).collect();
+    let before = cluster.metrics(leader).await;
+    for &follower in &followers {
+        assert!(streams_and_failures(&before, follower).0 >= 1.0, "no appends stream to node {follower}\n{before}");
+    }
+
+    // Three membership changes: a learner joins, then is promoted (a joint and a final config).
+    cluster.start_new_node(4);
+    let added = cluster.add_learner(leader, 4).send().await.unwrap();
+    assert_eq!(added.status(), 200, "{}", added.text().await.unwrap());
+    written.extend(write_keys(&cluster, "with-a-learner", 20).await);
+    let promoted = cluster.change_members(leader, serde_json::json!({"promote": [4]})).send().await.unwrap();
+    assert_eq!(promoted.status(), 200, "{}", promoted.text().await.unwrap());
+    written.extend(write_keys(&cluster, "with-four-voters", 20).await);
+
+    assert_eq!(cluster.wait_leader().await, leader, "the leader changed: its streams were replaced anyway");
+    let after = cluster.metrics(leader).await;
+    for &follower in &followers {
+        let (opened_before, failed_before) = streams_and_failures(&before, follower);
+        let (opened_after, failed_after) = streams_and_failures(&after, follower);
+        let (opened, failed) = (opened_after - opened_before, failed_after - failed_before);
+        assert!(
+            opened <= failed,
+            "the leader opened {opened} appends streams to node {follower} during the membership changes, \
+             with {failed} requests to it failed: a stream was replaced without failing\n{}",
+            cluster.logs()
+        );
+    }
+    assert!(streams_and_failures(&after, 4).0 >= 1.0, "no appends stream to the new node\n{after}");
+    let applied = cluster.status(leader).await.unwrap()["applied_index"].as_u64().unwrap();
     for id in cluster.running() {
         cluster.wait_applied(id, applied).await;
         assert_local_state(&cluster, id, &written).await;
@@ -218,13 +254,7 @@ async fn a_learner_that_never_answered_is_neither_caught_up_nor_promoted() {
     let added: serde_json::Value = added.json().await.unwrap();
     assert_eq!(added["caught_up"], false, "{added}");
 
-    let promoted = cluster
-        .http
-        .post(format!("{}/cluster/members", cluster.url(leader)))
-        .json(&serde_json::json!({"promote": [9]}))
-        .send()
-        .await
-        .unwrap();
+    let promoted = cluster.change_members(leader, serde_json::json!({"promote": [9]})).send().await.unwrap();
     assert_eq!(promoted.status(), 409);
     let body: serde_json::Value = promoted.json().await.unwrap();
     assert_eq!(body["code"], "learner_behind", "{body}");
@@ -314,13 +344,7 @@ async fn a_leader_that_removes_itself_and_keeps_running_hands_over() {
         assert_eq!(answer.status(), 200, "{path}: {}", answer.text().await.unwrap());
     }
     let rest: Vec<u64> = cluster.running().into_iter().filter(|id| *id != old).collect();
-    let removed = cluster
-        .http
-        .post(format!("{}/cluster/members", cluster.url(old)))
-        .json(&serde_json::json!({"remove": [old]}))
-        .send()
-        .await
-        .unwrap();
+    let removed = cluster.change_members(old, serde_json::json!({"remove": [old]})).send().await.unwrap();
     assert_eq!(removed.status(), 200, "{}", removed.text().await.unwrap());
     let removed_at = Instant::now();
     let until = removed_at + Duration::from_secs(5);

@@ -471,7 +471,10 @@ impl PeerClient {
             };
             let answer = match exchanged {
                 Ok(Some(answer)) => answer,
-                Ok(None) | Err(_) if !fresh => continue,
+                Ok(None) | Err(_) if !fresh => {
+                    self.health.failed(self.target, &self.addr, &"an appends stream in use closed");
+                    continue;
+                }
                 Ok(None) => return Some(Err(PostError::Failed(format!("{APPEND_STREAM_PATH}: the peer closed it")))),
                 Err(e) => return Some(Err(PostError::Failed(format!("{APPEND_STREAM_PATH}: {e}")))),
             };
@@ -496,7 +499,10 @@ impl PeerClient {
         check_answer(&response, self.target, &self.checks).map_err(PostError::Failed)?;
         match response.status() {
             reqwest::StatusCode::SWITCHING_PROTOCOLS => match response.upgrade().await {
-                Ok(upgraded) => Ok(Some(BufStream::new(upgraded))),
+                Ok(upgraded) => {
+                    self.health.stream_opened(self.target);
+                    Ok(Some(BufStream::new(upgraded)))
+                }
                 Err(e) => Err(PostError::Failed(format!("{APPEND_STREAM_PATH}: {e}"))),
             },
             reqwest::StatusCode::NOT_FOUND | reqwest::StatusCode::METHOD_NOT_ALLOWED => Ok(None),

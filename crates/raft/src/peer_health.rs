@@ -5,11 +5,17 @@
 //! openraft logs each failed request itself, and while a peer is down its replication retries
 //! every heartbeat interval; the node keeps only the first of those repeats in a while (its
 //! logging setup), so these lines are what tells an operator which peer is down and for how long.
+//!
+//! It also counts, per peer, the requests that failed and the appends streams opened
+//! ([`PeerHealth::register`] exports both): a stream is opened again only after one failed, so
+//! streams opened well beyond failures mean connections were dropped for another reason.
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use prometheus::{IntCounterVec, Opts, Registry};
 
 use crate::types::NodeId;
 
@@ -21,9 +27,32 @@ pub const DOWN_AFTER: Duration = Duration::from_secs(1);
 pub const REMIND_EVERY: Duration = Duration::from_secs(60);
 
 /// The peers whose requests fail, shared by every client of this node's network. Cheap to clone.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct PeerHealth {
     failing: Arc<Mutex<BTreeMap<NodeId, Failing>>>,
+    /// Requests to each peer that failed (`statestore_raft_peer_request_failures_total`).
+    failures: IntCounterVec,
+    /// Appends streams opened to each peer (`statestore_raft_append_streams_opened_total`).
+    streams_opened: IntCounterVec,
+}
+
+impl Default for PeerHealth {
+    fn default() -> Self {
+        let counter = |name: &str, help: &str| {
+            IntCounterVec::new(Opts::new(name, help), &["peer"]).expect("a counter with a valid name and label")
+        };
+        PeerHealth {
+            failing: Arc::default(),
+            failures: counter(
+                "statestore_raft_peer_request_failures_total",
+                "Raft requests to a peer that got no connection, no answer in time, or no valid answer",
+            ),
+            streams_opened: counter(
+                "statestore_raft_append_streams_opened_total",
+                "Appends streams this node opened to a peer while leading (one is opened again after one fails)",
+            ),
+        }
+    }
 }
 
 /// A peer whose requests have failed since `since`, none answered since.
@@ -64,6 +93,7 @@ impl PeerHealth {
     }
 
     fn failed_at(&self, peer: NodeId, address: &str, error: &dyn Display, now: Instant) {
+        self.failures.with_label_values(&[&peer.to_string()]).inc();
         let mut failing = self.failing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let peer_failing = failing.entry(peer).or_insert(Failing { since: now, failures: 0, reported_at: None });
         peer_failing.failures += 1;
@@ -87,6 +117,17 @@ impl PeerHealth {
             "node {peer} has not answered for {:.1} s ({failures} requests failed); trying on",
             down.as_secs_f64()
         );
+    }
+
+    /// An appends stream to `peer` was opened.
+    pub fn stream_opened(&self, peer: NodeId) {
+        self.streams_opened.with_label_values(&[&peer.to_string()]).inc();
+    }
+
+    /// Exports the counts of failed requests and opened streams per peer in `registry`.
+    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
+        registry.register(Box::new(self.failures.clone()))?;
+        registry.register(Box::new(self.streams_opened.clone()))
     }
 
     /// The peers reported down (every request failed for at least [`DOWN_AFTER`], none answered

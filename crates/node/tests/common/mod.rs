@@ -259,6 +259,11 @@ impl Cluster {
         self.http.post(format!("{}/cluster/learners", self.url(to))).json(&body)
     }
 
+    /// `POST /cluster/members` to node `to` with `change` (`{"promote": [..], "remove": [..]}`).
+    pub fn change_members(&self, to: u64, change: Value) -> reqwest::RequestBuilder {
+        self.http.post(format!("{}/cluster/members", self.url(to))).json(&change)
+    }
+
     pub async fn status(&self, id: u64) -> Option<Value> {
         let response = self.http.get(format!("{}/cluster", self.url(id))).send().await.ok()?;
         response.json().await.ok()

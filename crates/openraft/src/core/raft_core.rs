@@ -890,16 +890,15 @@ where
         )
     }
 
-    /// Remove all replication.
+    /// Closes the replication `streams`.
     #[tracing::instrument(level = "debug", skip_all)]
-    pub fn remove_all_replication(&mut self) {
-        tracing::info!("remove all replication");
-
-        let nodes = std::mem::take(&mut self.replications);
-
-        tracing::debug!(
+    fn close_replication(nodes: BTreeMap<C::NodeId, ReplicationHandle<C>>) {
+        if nodes.is_empty() {
+            return;
+        }
+        tracing::info!(
             targets = debug(nodes.iter().map(|x| x.0.clone()).collect::<Vec<_>>()),
-            "remove all targets from replication_metrics"
+            "close replication"
         );
 
         for (target, s) in nodes {
@@ -912,9 +911,8 @@ where
             // must not stop RaftCore from serving membership changes and new writes.
             //
             // A detached task may still deliver progress. It is discarded by the
-            // `session_id` check in `does_replication_session_match()`: every caller of
-            // `rebuild_replication_streams()` has changed either the leader vote or the
-            // effective membership log id.
+            // `session_id` check in `does_replication_session_match()`: it is no longer the
+            // session of the stream the leader runs for that target.
             #[allow(clippy::let_underscore_future)]
             let _ = C::AsyncRuntime::spawn(async move {
                 tracing::debug!("joining removed replication: {}", target);
@@ -922,6 +920,25 @@ where
                 tracing::info!("Done joining removed replication : {}", target);
             });
         }
+    }
+
+    /// Hands the replication stream `node` what the engine wants sent.
+    fn send_replicate(node: &ReplicationHandle<C>, req: Inflight<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
+        match req {
+            Inflight::None => {
+                let _ = node.tx_repl.send(Replicate::Heartbeat);
+            }
+            Inflight::Logs { id, log_id_range } => {
+                let _ = node.tx_repl.send(Replicate::logs(RequestId::new_append_entries(id), log_id_range));
+            }
+            Inflight::Snapshot { id, last_log_id } => {
+                // unwrap: The replication channel must not be dropped or it is a bug.
+                node.tx_repl.send(Replicate::snapshot(RequestId::new_snapshot(id), last_log_id)).map_err(|_e| {
+                    StorageIOError::read_snapshot(None, AnyError::error("replication channel closed"))
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// Run as many commands as possible.
@@ -1433,9 +1450,10 @@ where
                         result,
                         session_id,
                     } => {
-                        // If vote or membership changes, ignore the message.
-                        // There is chance delayed message reports a wrong state.
-                        if self.does_replication_session_match(&session_id, "UpdateReplicationMatched") {
+                        // Progress of a stream the leader no longer runs for the target (the
+                        // vote changed, or the target was removed or its node changed) may
+                        // report a wrong state: ignore it.
+                        if self.does_replication_session_match(&target, &session_id, "UpdateReplicationMatched") {
                             self.handle_replication_progress(target, id, result);
                         }
                     }
@@ -1662,6 +1680,7 @@ where
     /// state, it is a stale message and should be just ignored.
     fn does_replication_session_match(
         &self,
+        target: &C::NodeId,
         session_id: &ReplicationSessionId<C::NodeId>,
         msg: impl Display + Copy,
     ) -> bool {
@@ -1669,11 +1688,13 @@ where
             return false;
         }
 
-        if &session_id.membership_log_id != self.engine.state.membership_state.effective().log_id() {
+        let running = self.replications.get(target).map(|stream| &stream.session_id);
+        if running != Some(session_id) {
             tracing::warn!(
-                "membership_log_id changed: msg sent by: {}; curr: {}; ignore when ({})",
-                session_id.membership_log_id.summary(),
-                self.engine.state.membership_state.effective().log_id().summary(),
+                "replication session changed: msg sent by: {}; running to {}: {}; ignore when ({})",
+                session_id,
+                target,
+                running.display(),
                 msg
             );
             return false;
@@ -1816,29 +1837,29 @@ where
             }
             Command::Replicate { req, target } => {
                 let node = self.replications.get(&target).expect("replication to target node exists");
-
-                match req {
-                    Inflight::None => {
-                        let _ = node.tx_repl.send(Replicate::Heartbeat);
-                    }
-                    Inflight::Logs { id, log_id_range } => {
-                        let _ = node.tx_repl.send(Replicate::logs(RequestId::new_append_entries(id), log_id_range));
-                    }
-                    Inflight::Snapshot { id, last_log_id } => {
-                        // unwrap: The replication channel must not be dropped or it is a bug.
-                        node.tx_repl.send(Replicate::snapshot(RequestId::new_snapshot(id), last_log_id)).map_err(
-                            |_e| StorageIOError::read_snapshot(None, AnyError::error("replication channel closed")),
-                        )?;
-                    }
-                }
+                Self::send_replicate(node, req)?;
             }
-            Command::RebuildReplicationStreams { targets } => {
-                self.remove_all_replication();
+            Command::RebuildReplicationStreams { targets, kept } => {
+                let mut running = std::mem::take(&mut self.replications);
+                let vote = self.engine.leader.as_ref().map(|leader| leader.vote.clone());
 
-                for (target, matching) in targets.iter() {
-                    let handle = self.spawn_replication_stream(target.clone(), matching.clone()).await;
+                for (target, progress) in targets.iter() {
+                    if kept.contains(target) {
+                        let handle = running.remove(target);
+                        if let Some(handle) = handle.filter(|h| Some(h.session_id.vote_ref()) == vote.as_ref()) {
+                            self.replications.insert(target.clone(), handle);
+                            continue;
+                        }
+                        tracing::warn!("no stream of this leader to keep for {}: starting one", target);
+                    }
+                    let handle = self.spawn_replication_stream(target.clone(), progress.clone()).await;
+                    // A kept target's progress may have something in flight: the new stream sends it.
+                    if kept.contains(target) {
+                        Self::send_replicate(&handle, progress.inflight.clone())?;
+                    }
                     self.replications.insert(target.clone(), handle);
                 }
+                Self::close_replication(running);
             }
             Command::StateMachine { command } => {
                 // Just forward a state machine command to the worker.

@@ -1,3 +1,4 @@
+use std::collections::BTreeSet;
 use std::fmt::Debug;
 
 use crate::async_runtime::AsyncOneshotSendExt;
@@ -75,14 +76,17 @@ where C: RaftTypeConfig
         req: Inflight<C::NodeId>,
     },
 
-    /// Membership config changed, need to update replication streams.
-    /// The Runtime has to close all old replications and start new ones.
-    /// Because a replication stream should only report state for one membership config.
-    /// When membership config changes, the membership log id stored in ReplicationCore has to be
-    /// updated.
+    /// The leader or its membership changed: replicate to `targets`.
+    ///
+    /// The Runtime closes the streams of the targets not in `kept` and starts new ones for them.
+    /// The streams of the targets in `kept` (members that a new membership of the same leader
+    /// keeps, with the same node) go on with what they have in flight: what they report is still
+    /// true of that target's log, and the engine kept their progress as it was.
     RebuildReplicationStreams {
         /// Targets to replicate to.
         targets: Vec<(C::NodeId, ProgressEntry<C::NodeId>)>,
+        /// Targets whose running stream is kept.
+        kept: BTreeSet<C::NodeId>,
     },
 
     /// Save vote to storage
@@ -135,7 +139,7 @@ where
             (Command::ReplicateCommitted { committed },        Command::ReplicateCommitted { committed: b }, )                                 => committed == b,
             (Command::Commit { seq, already_committed, upto, }, Command::Commit { seq: b_seq, already_committed: b_committed, upto: b_upto, }, ) => seq == b_seq && already_committed == b_committed && upto == b_upto,
             (Command::Replicate { target, req },               Command::Replicate { target: b_target, req: other_req, }, )                     => target == b_target && req == other_req,
-            (Command::RebuildReplicationStreams { targets },   Command::RebuildReplicationStreams { targets: b }, )                            => targets == b,
+            (Command::RebuildReplicationStreams { targets, kept }, Command::RebuildReplicationStreams { targets: b, kept: kb }, )           => targets == b && kept == kb,
             (Command::SaveVote { vote },                       Command::SaveVote { vote: b })                                                  => vote == b,
             (Command::SendVote { vote_req },                   Command::SendVote { vote_req: b }, )                                            => vote_req == b,
             (Command::PurgeLog { upto },                       Command::PurgeLog { upto: b })                                                  => upto == b,

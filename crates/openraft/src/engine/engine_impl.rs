@@ -686,7 +686,7 @@ where C: RaftTypeConfig
 
         let vote = leader.vote_ref().clone();
 
-        self.replication_handler().rebuild_replication_streams();
+        self.replication_handler().rebuild_replication_streams(Default::default());
 
         // Before sending any log, update the vote.
         // This could not fail because `internal_server_state` will be cleared

@@ -72,6 +72,9 @@ where C: RaftTypeConfig
 
     /// The channel used for communicating with the replication task.
     pub(crate) tx_repl: mpsc::UnboundedSender<Replicate<C>>,
+
+    /// The session the task reports its progress in.
+    pub(crate) session_id: ReplicationSessionId<C::NodeId>,
 }
 
 /// A task responsible for sending replication events to a target follower in the Raft cluster.
@@ -183,7 +186,7 @@ where
 
         let this = Self {
             target,
-            session_id,
+            session_id: session_id.clone(),
             network,
             snapshot_network: Arc::new(Mutex::new(snapshot_network)),
             snapshot_state: None,
@@ -205,6 +208,7 @@ where
         ReplicationHandle {
             join_handle,
             tx_repl: tx_event,
+            session_id,
         }
     }
 

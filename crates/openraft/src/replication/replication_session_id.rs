@@ -28,7 +28,11 @@ use crate::Vote;
 /// Now node `c` is a new empty node, no log is replicated to it.
 /// But the delayed message `{target=c, matched=log_id-1}` may be process by raft core and make raft
 /// core believe node `c` already has `log_id=1`, and commit it.
-#[derive(Debug, Clone, Copy)]
+///
+/// A new membership of the same leader keeps the streams to the members it keeps, with their
+/// sessions: the leader accepts progress from the stream it runs for a target now, whatever
+/// membership that stream was started under (`RaftCore::does_replication_session_match`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ReplicationSessionId<NID: NodeId> {
     /// The Leader or Candidate this replication belongs to.
     pub(crate) vote: Vote<NID>,

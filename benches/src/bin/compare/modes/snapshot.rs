@@ -37,6 +37,9 @@ const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(600);
 /// The recorder's window: longer than any run (the time limit ends a run before it).
 const WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// How many of each window's longest waits are listed (`snapshot_slowest.csv`).
+const SLOWEST_LISTED: usize = 5;
+
 /// A Raft log fsync at least this long counts as slow (a bucket bound of the node's histogram).
 const SLOW_FSYNC: f64 = 0.0512;
 const FSYNC_HISTOGRAM: &str = "statestore_disk_wal_fsync_duration_seconds";
@@ -267,6 +270,22 @@ fn progress(run: &mut Run, target: &mut Target, recorder: &Recorder, label: &str
     Ok(())
 }
 
+/// The `count` longest waits of the answers that arrived within `window`, longest first, each
+/// with the time its request was sent (seconds since the open loop started).
+fn slowest_in(recording: &Recording, window: &Window, count: usize) -> Vec<(f64, f64)> {
+    let times = recording.answer_times.as_deref().unwrap_or_default();
+    let waits = recording.answer_latencies_ms.as_deref().unwrap_or_default();
+    let mut within: Vec<(f64, f64)> = times
+        .iter()
+        .zip(waits)
+        .filter(|(at, _)| **at >= window.from && **at < window.to)
+        .map(|(at, wait)| (at - wait / 1000.0, *wait))
+        .collect();
+    within.sort_by(|a, b| b.1.total_cmp(&a.1));
+    within.truncate(count);
+    within
+}
+
 /// Latencies of the answers that arrived within `window`.
 fn latencies_in(recording: &Recording, window: &Window) -> (Latencies, f64) {
     let mut latencies = Latencies::new();
@@ -345,6 +364,26 @@ fn report(run: &mut Run, to: u64, rate: f64, recording: &Recording, windows: &[W
     if let Some(note) = super::error_note("snapshot", recording.errors, &recording.error_samples) {
         run.say(note);
     }
+    let mut slowest_lines = Vec::new();
+    for w in windows {
+        let slowest = slowest_in(recording, w, SLOWEST_LISTED);
+        let listed: Vec<String> =
+            slowest.iter().map(|(sent, wait)| format!("{wait:.1} ms sent at +{:.2} s", sent - w.from)).collect();
+        run.say(format!("{}: longest waits {}", w.name, listed.join(", ")));
+        for (rank, (sent, wait)) in slowest.iter().enumerate() {
+            slowest_lines.push(vec![
+                w.name.to_string(),
+                (rank + 1).to_string(),
+                report::csv_number(sent - w.from),
+                report::csv_number(*wait),
+            ]);
+        }
+    }
+    report::write_csv(
+        &run.out.join("snapshot_slowest.csv"),
+        &["window", "rank", "sent_after_window_start_s", "wait_ms"],
+        &slowest_lines,
+    )?;
     report::write_csv(
         &run.out.join("snapshot.csv"),
         &[
@@ -434,6 +473,30 @@ statestore_disk_wal_fsync_duration_seconds_count 100
         assert_eq!(histogram_above(text, FSYNC_HISTOGRAM, SLOW_FSYNC), Some(5.0));
         assert_eq!(histogram_above(text, FSYNC_HISTOGRAM, 0.1024), Some(1.0));
         assert_eq!(histogram_above(text, "statestore_apply_duration_seconds", SLOW_FSYNC), None);
+    }
+
+    #[test]
+    fn the_slowest_waits_are_of_answers_within_the_window_longest_first_with_their_send_time() {
+        let recording = Recording {
+            answer_times: Some(vec![0.5, 1.2, 1.5, 1.9, 2.5]),
+            answer_latencies_ms: Some(vec![400.0, 100.0, 10.0, 300.0, 500.0]),
+            latencies: Latencies::new(),
+            answered: 5,
+            errors: 0,
+            error_samples: Vec::new(),
+            seconds: Vec::new(),
+            minutes: Vec::new(),
+        };
+        let window = Window {
+            name: "install",
+            from: 1.0,
+            to: 2.0,
+            disk: (DiskMark { slow_fsyncs: 0.0, io_full_us: None }, DiskMark { slow_fsyncs: 0.0, io_full_us: None }),
+        };
+        let slowest = slowest_in(&recording, &window, 2);
+        assert_eq!(slowest.len(), 2);
+        assert!((slowest[0].0 - 1.6).abs() < 1e-9 && slowest[0].1 == 300.0, "{slowest:?}");
+        assert!((slowest[1].0 - 1.1).abs() < 1e-9 && slowest[1].1 == 100.0, "{slowest:?}");
     }
 
     #[test]

@@ -188,7 +188,8 @@ fn test_handle_vote_resp_equal_vote() -> anyhow::Result<()> {
         assert_eq!(
             vec![
                 Command::RebuildReplicationStreams {
-                    targets: vec![(2, ProgressEntry::empty(1))]
+                    targets: vec![(2, ProgressEntry::empty(1))],
+                    kept: Default::default(),
                 },
                 Command::SaveVote {
                     vote: Vote::new_committed(2, 1)

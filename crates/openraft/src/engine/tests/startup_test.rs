@@ -64,7 +64,8 @@ fn test_startup_as_leader_without_logs() -> anyhow::Result<()> {
                     curr_inflight_id: 0,
                     inflight: Inflight::None,
                     searching_end: 0
-                })]
+                })],
+                kept: Default::default(),
             },
             Command::AppendInputEntries {
                 vote: Vote::new_committed(1, 2),
@@ -109,7 +110,8 @@ fn test_startup_as_leader_with_proposed_logs() -> anyhow::Result<()> {
                     curr_inflight_id: 0,
                     inflight: Inflight::None,
                     searching_end: 7
-                })]
+                })],
+                kept: Default::default(),
             },
             Command::Replicate {
                 target: 3,

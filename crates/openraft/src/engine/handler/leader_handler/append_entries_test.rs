@@ -248,7 +248,8 @@ fn test_leader_append_entries_with_membership_log() -> anyhow::Result<()> {
                 ]
             },
             Command::RebuildReplicationStreams {
-                targets: vec![(2, ProgressEntry::empty(7))]
+                targets: vec![(2, ProgressEntry::empty(7))],
+                kept: Default::default(),
             },
             Command::Replicate {
                 target: 2,

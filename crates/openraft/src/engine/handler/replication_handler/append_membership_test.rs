@@ -81,6 +81,8 @@ fn test_leader_append_membership_for_leader() -> anyhow::Result<()> {
             Command::RebuildReplicationStreams {
                 targets: vec![(3, ProgressEntry::empty(0)), (4, ProgressEntry::empty(0))], /* node-2 is leader,
                                                                                             * won't be removed */
+                // Node-3 is a member of both: its stream goes on.
+                kept: btreeset! {3},
             }
         ],
         eng.output.take_commands()

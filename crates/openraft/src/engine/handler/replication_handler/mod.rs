@@ -1,3 +1,4 @@
+use std::collections::BTreeSet;
 use std::ops::Deref;
 
 use crate::display_ext::DisplayOptionExt;
@@ -76,6 +77,7 @@ where C: RaftTypeConfig
             "Only leader is allowed to call update_effective_membership()"
         );
 
+        let before = self.state.membership_state.effective().clone();
         self.state.membership_state.append(EffectiveMembership::new_arc(Some(log_id.clone()), m.clone()));
 
         // TODO(9): currently only a leader has replication setup.
@@ -88,7 +90,21 @@ where C: RaftTypeConfig
         // committed.
 
         self.rebuild_progresses();
-        self.rebuild_replication_streams();
+
+        // The same leader keeps replicating to the members it keeps, at the same node: their
+        // streams and what is in flight on them go on (a stream torn down here would lose the
+        // answer to what it has in flight, and a snapshot it is sending).
+        let after = self.state.membership_state.effective();
+        let kept = self
+            .leader
+            .progress
+            .iter()
+            .map(|(target, _)| target)
+            .filter(|target| *target != &self.config.id)
+            .filter(|target| before.get_node(target).is_some_and(|node| after.get_node(target) == Some(node)))
+            .cloned()
+            .collect();
+        self.rebuild_replication_streams(kept);
         self.initiate_replication(SendNone::False);
     }
 
@@ -341,20 +357,25 @@ where C: RaftTypeConfig
     }
 
     /// Update replication streams to reflect replication progress change.
+    ///
+    /// The streams of the targets in `kept` go on with what they have in flight; every other
+    /// target gets a new stream.
     #[tracing::instrument(level = "debug", skip_all)]
-    pub(crate) fn rebuild_replication_streams(&mut self) {
+    pub(crate) fn rebuild_replication_streams(&mut self, kept: BTreeSet<C::NodeId>) {
         let mut targets = vec![];
 
         // TODO: maybe it's better to update leader's matching when update_repliation() is called.
         for (target, prog_entry) in self.leader.progress.iter_mut() {
             if target != &self.config.id {
-                // Reset and resend(by self.send_to_all()) replication requests.
-                prog_entry.inflight = Inflight::None;
+                if !kept.contains(target) {
+                    // Reset and resend(by self.send_to_all()) replication requests.
+                    prog_entry.inflight = Inflight::None;
+                }
 
                 targets.push((target.clone(), prog_entry.clone()));
             }
         }
-        self.output.push_command(Command::RebuildReplicationStreams { targets });
+        self.output.push_command(Command::RebuildReplicationStreams { targets, kept });
     }
 
     /// Initiate replication for every target that is not sending data in flight.

@@ -176,7 +176,7 @@ where C: RaftTypeConfig
 
         self.server_state_handler().update_server_state_if_changed();
 
-        self.replication_handler().rebuild_replication_streams();
+        self.replication_handler().rebuild_replication_streams(Default::default());
 
         let leader = self.leader.as_ref().unwrap();
 
