@@ -16,7 +16,22 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Asks the kernel not to back this process's memory with transparent huge pages. mimalloc asks
+/// for them on its regions (`MADV_HUGEPAGE`), so the first touch of any byte in a fresh 2 MiB
+/// region made the kernel zero all of it: a node that starts, or a leader that starts sending a
+/// snapshot, spent tens of milliseconds of CPU zeroing pages at once, and the requests of that
+/// moment waited behind it on a small machine (docs/benchmarks.md, *The join stall: transparent
+/// huge pages*). With 4 KiB pages only the pages touched are zeroed, when they are touched.
+/// Failing to ask changes nothing else.
+fn without_transparent_huge_pages() {
+    // SAFETY: PR_SET_THP_DISABLE only sets a flag of the calling process; no memory is passed.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    }
+}
+
 fn main() -> anyhow::Result<()> {
+    without_transparent_huge_pages();
     let config = match NodeConfig::from_args(Args::parse()) {
         Ok(config) => config,
         Err(e) => {

@@ -194,6 +194,16 @@ async fn a_leader_that_reaches_no_quorum_is_not_ready() {
     cluster.wait_ready().await;
 }
 
+/// The node's process runs without transparent huge pages: the first touch of a fresh 2 MiB
+/// region would have the kernel zero it whole (docs/benchmarks.md, *The join stall*).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_runs_without_transparent_huge_pages() {
+    let cluster = Cluster::start(1, &[]).await;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", cluster.pid(1))).unwrap();
+    let enabled = status.lines().find_map(|line| line.strip_prefix("THP_enabled:")).map(str::trim);
+    assert_eq!(enabled, Some("0"), "/proc/<pid>/status of the node:\n{status}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_readiness_metrics_and_a_graceful_stop() {
     let mut cluster = Cluster::start(1, &[]).await;

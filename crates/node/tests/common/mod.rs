@@ -238,9 +238,14 @@ impl Cluster {
         }
     }
 
+    /// The process id of running node `id`.
+    pub fn pid(&self, id: u64) -> u32 {
+        self.nodes[&id].child.as_ref().expect("running").id()
+    }
+
     /// Sends `signal` (e.g. `STOP`, `CONT`) to node `id`'s process.
     pub fn signal(&self, id: u64, signal: &str) {
-        let pid = self.nodes[&id].child.as_ref().expect("running").id();
+        let pid = self.pid(id);
         let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().unwrap();
         assert!(status.success(), "kill -{signal} {pid}");
     }
