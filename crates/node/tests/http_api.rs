@@ -195,7 +195,7 @@ async fn a_leader_that_reaches_no_quorum_is_not_ready() {
 }
 
 /// The node's process runs without transparent huge pages: the first touch of a fresh 2 MiB
-/// region would have the kernel zero it whole (docs/benchmarks.md, *The join stall*).
+/// region would have the kernel zero it whole (docs/benchmarks.md, the join stall).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_runs_without_transparent_huge_pages() {
     let cluster = Cluster::start(1, &[]).await;
