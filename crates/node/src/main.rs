@@ -21,8 +21,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// region made the kernel zero all of it: a node that starts, or a leader that starts sending a
 /// snapshot, spent tens of milliseconds of CPU zeroing pages at once, and the requests of that
 /// moment waited behind it on a small machine (docs/benchmarks.md, *Membership changes keep the
-/// leader's streams; the join stall: transparent huge pages*). With 4 KiB pages only the pages touched are zeroed, when they are touched.
-/// Failing to ask changes nothing else.
+/// leader's streams; the join stall: transparent huge pages*). With 4 KiB pages only the pages
+/// touched are zeroed, when they are touched. Failing to ask changes nothing else.
 fn without_transparent_huge_pages() {
     // SAFETY: PR_SET_THP_DISABLE only sets a flag of the calling process; no memory is passed.
     unsafe {

@@ -892,16 +892,16 @@ where
 
     /// Closes the replication `streams`.
     #[tracing::instrument(level = "debug", skip_all)]
-    fn close_replication(nodes: BTreeMap<C::NodeId, ReplicationHandle<C>>) {
-        if nodes.is_empty() {
+    fn close_replication(streams: BTreeMap<C::NodeId, ReplicationHandle<C>>) {
+        if streams.is_empty() {
             return;
         }
         tracing::info!(
-            targets = debug(nodes.iter().map(|x| x.0.clone()).collect::<Vec<_>>()),
+            targets = debug(streams.iter().map(|x| x.0.clone()).collect::<Vec<_>>()),
             "close replication"
         );
 
-        for (target, s) in nodes {
+        for (target, s) in streams {
             let handle = s.join_handle;
 
             // Drop sender to notify the task to shutdown
