@@ -273,14 +273,8 @@ fn progress(run: &mut Run, target: &mut Target, recorder: &Recorder, label: &str
 /// The `count` longest waits of the answers that arrived within `window`, longest first, each
 /// with the time its request was sent (seconds since the open loop started).
 fn slowest_in(recording: &Recording, window: &Window, count: usize) -> Vec<(f64, f64)> {
-    let times = recording.answer_times.as_deref().unwrap_or_default();
-    let waits = recording.answer_latencies_ms.as_deref().unwrap_or_default();
-    let mut within: Vec<(f64, f64)> = times
-        .iter()
-        .zip(waits)
-        .filter(|(at, _)| **at >= window.from && **at < window.to)
-        .map(|(at, wait)| (at - wait / 1000.0, *wait))
-        .collect();
+    let mut within: Vec<(f64, f64)> =
+        answers_in(recording, window).map(|(at, wait)| (at - wait / 1000.0, wait)).collect();
     within.sort_by(|a, b| b.1.total_cmp(&a.1));
     within.truncate(count);
     within
@@ -290,15 +284,19 @@ fn slowest_in(recording: &Recording, window: &Window, count: usize) -> Vec<(f64,
 fn latencies_in(recording: &Recording, window: &Window) -> (Latencies, f64) {
     let mut latencies = Latencies::new();
     let mut longest: f64 = 0.0;
-    let times = recording.answer_times.as_deref().unwrap_or_default();
-    let waits = recording.answer_latencies_ms.as_deref().unwrap_or_default();
-    for (at, wait) in times.iter().zip(waits) {
-        if *at >= window.from && *at < window.to {
-            latencies.record(Duration::from_secs_f64(wait / 1000.0));
-            longest = longest.max(*wait);
-        }
+    for (_, wait) in answers_in(recording, window) {
+        latencies.record(Duration::from_secs_f64(wait / 1000.0));
+        longest = longest.max(wait);
     }
     (latencies, longest)
+}
+
+/// The answers that arrived within `window`: when each arrived (seconds since the open loop
+/// started) and how long it waited (ms).
+fn answers_in<'a>(recording: &'a Recording, window: &'a Window) -> impl Iterator<Item = (f64, f64)> + 'a {
+    let times = recording.answer_times.as_deref().unwrap_or_default();
+    let waits = recording.answer_latencies_ms.as_deref().unwrap_or_default();
+    times.iter().zip(waits).map(|(at, wait)| (*at, *wait)).filter(|(at, _)| *at >= window.from && *at < window.to)
 }
 
 fn report(run: &mut Run, to: u64, rate: f64, recording: &Recording, windows: &[Window]) -> anyhow::Result<()> {
