@@ -25,9 +25,9 @@
 //! snapshot still being read (a snapshot build): a built snapshot must hold every record
 //! retained at its own clock.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{hash_map, BTreeMap, BTreeSet, HashMap};
 use std::ffi::CStr;
-use std::hash::Hasher;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 
 use rocksdb::compaction_filter::{CompactionFilter, Decision};
@@ -63,18 +63,88 @@ pub struct DedupIndex {
     entries: Mutex<IndexEntries>,
 }
 
-#[derive(Debug, Default)]
+/// Shards of the index by request hash. A hash table grows by moving all it holds into one
+/// twice as large; split, each growth moves a 64th of the index, so no apply that happens to
+/// grow it waits for the whole (about a million records at the largest retention of a fill).
+const REQUEST_SHARDS: usize = 64;
+
+#[derive(Debug)]
 struct IndexEntries {
-    /// (request hash, retention): what a lookup searches.
-    by_request: BTreeSet<(u64, u64)>,
-    /// (retention, request hash): what expires first.
+    /// Request hash to a retention of a record of it, sharded by [`shard_of`]: what a lookup
+    /// searches, at one probe whatever the index's size (ordered sets took a dozen cache misses
+    /// per lookup in an index of a million records).
+    by_request: Vec<HashMap<u64, u64, BuildHasherDefault<RequestHashed>>>,
+    /// The other retentions of requests with more than one record in the index (a request
+    /// remembered again before its earlier record was forgotten, or two requests of one hash):
+    /// rare, so the common record costs one entry of `by_request`.
+    more_retentions: HashMap<u64, Vec<u64>>,
+    /// (retention, request hash): what expires first. Records arrive in about the order their
+    /// retentions end, so this is written and read at its two ends.
     by_retention: BTreeSet<(u64, u64)>,
+}
+
+impl Default for IndexEntries {
+    fn default() -> Self {
+        IndexEntries {
+            by_request: (0..REQUEST_SHARDS).map(|_| HashMap::default()).collect(),
+            more_retentions: HashMap::new(),
+            by_retention: BTreeSet::new(),
+        }
+    }
+}
+
+/// The shard of a request hash: bits the hash tables do not use to place or tell apart their
+/// entries (they use the lowest bits and the top seven).
+fn shard_of(hash: u64) -> usize {
+    (hash >> 32) as usize % REQUEST_SHARDS
 }
 
 impl IndexEntries {
     fn add(&mut self, hash: u64, retain_until: u64) {
-        self.by_request.insert((hash, retain_until));
-        self.by_retention.insert((retain_until, hash));
+        if !self.by_retention.insert((retain_until, hash)) {
+            return;
+        }
+        let shard = &mut self.by_request[shard_of(hash)];
+        match shard.entry(hash) {
+            hash_map::Entry::Vacant(vacant) => {
+                vacant.insert(retain_until);
+            }
+            hash_map::Entry::Occupied(_) => self.more_retentions.entry(hash).or_default().push(retain_until),
+        }
+    }
+
+    fn remove(&mut self, hash: u64, retain_until: u64) {
+        if !self.by_retention.remove(&(retain_until, hash)) {
+            return;
+        }
+        let shard = &mut self.by_request[shard_of(hash)];
+        let Some(more) = self.more_retentions.get_mut(&hash) else {
+            shard.remove(&hash);
+            return;
+        };
+        let first = shard.get_mut(&hash).expect("a request with more retentions has a first");
+        if *first == retain_until {
+            *first = more.pop().expect("more retentions are never empty");
+        } else {
+            more.retain(|retention| *retention != retain_until);
+        }
+        if more.is_empty() {
+            self.more_retentions.remove(&hash);
+        }
+    }
+
+    fn retentions(&self, hash: u64) -> Vec<u64> {
+        let Some(first) = self.by_request[shard_of(hash)].get(&hash) else { return Vec::new() };
+        let mut retentions = vec![*first];
+        if let Some(more) = self.more_retentions.get(&hash) {
+            retentions.extend(more);
+            retentions.sort_unstable_by(|a, b| b.cmp(a));
+        }
+        retentions
+    }
+
+    fn len(&self) -> usize {
+        self.by_retention.len()
     }
 }
 
@@ -84,6 +154,28 @@ fn request_hash(request_key: &[u8]) -> u64 {
     let mut hasher = std::hash::DefaultHasher::new();
     hasher.write(request_key);
     hasher.finish()
+}
+
+/// The hasher of the index's tables, whose keys are [`request_hash`]es already: it passes
+/// them through.
+#[derive(Debug, Default)]
+struct RequestHashed(u64);
+
+impl Hasher for RequestHashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    /// Not used by the index's `u64` keys; folds any other bytes in all the same.
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = hash;
+    }
 }
 
 impl DedupIndex {
@@ -97,8 +189,7 @@ impl DedupIndex {
     /// requests may share a hash: the stored key tells them apart.
     pub fn retentions(&self, request_key: &[u8]) -> Vec<u64> {
         let hash = request_hash(request_key);
-        let entries = self.entries.lock().expect("dedup index lock");
-        entries.by_request.range((hash, 0)..=(hash, u64::MAX)).rev().map(|(_, retain_until)| *retain_until).collect()
+        self.entries.lock().expect("dedup index lock").retentions(hash)
     }
 
     /// Forgets up to `limit` records whose retention ended at `horizon`, earliest first;
@@ -111,8 +202,7 @@ impl DedupIndex {
             if retain_until > horizon {
                 break;
             }
-            entries.by_retention.pop_first();
-            entries.by_request.remove(&(hash, retain_until));
+            entries.remove(hash, retain_until);
             forgotten += 1;
         }
         forgotten
@@ -120,7 +210,7 @@ impl DedupIndex {
 
     /// Records in the index.
     pub fn len(&self) -> usize {
-        self.entries.lock().expect("dedup index lock").by_request.len()
+        self.entries.lock().expect("dedup index lock").len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -492,6 +582,19 @@ pub(crate) mod tests {
         assert_eq!(index.retentions(b"b"), Vec::<u64>::new());
         assert_eq!(index.forget_expired(19, 10), 0);
         assert_eq!(index.len(), 1);
+
+        index.insert(b"a", 40);
+        index.insert(b"a", 30);
+        index.insert(b"a", 40);
+        assert_eq!(index.len(), 3, "a record noted twice is one record");
+        assert_eq!(index.retentions(b"a"), [40, 30, 20]);
+        assert_eq!(index.forget_expired(20, 10), 1);
+        assert_eq!(index.retentions(b"a"), [40, 30]);
+        assert_eq!(index.forget_expired(35, 10), 1);
+        assert_eq!(index.retentions(b"a"), [40]);
+        assert_eq!(index.forget_expired(40, 10), 1);
+        assert!(index.is_empty());
+        assert_eq!(index.retentions(b"a"), Vec::<u64>::new());
     }
 
     /// An earlier version keyed dedup records by request: opened by this one, they are keyed by
