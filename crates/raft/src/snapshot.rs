@@ -568,6 +568,69 @@ mod tests {
         }
     }
 
+    /// Makes `sync_file_range` fail with `errno` in the calling thread and the threads it
+    /// starts from now on, as on a file system or kernel without it: a seccomp filter, which
+    /// cannot be removed, so only for a thread of its own.
+    fn without_sync_file_range(errno: i32) {
+        let instruction = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter { code: code as u16, jt, jf, k };
+        let mut program = [
+            // The syscall's number, the first field of `seccomp_data`.
+            instruction(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
+            instruction(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, 0, 1, libc::SYS_sync_file_range as u32),
+            instruction(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ERRNO | errno as u32),
+            instruction(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+        ];
+        let filter = libc::sock_fprog { len: program.len() as u16, filter: program.as_mut_ptr() };
+        // SAFETY: plain prctl calls; the filter is copied by the kernel before the call returns.
+        unsafe {
+            assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0, "{}", io::Error::last_os_error());
+            assert_eq!(
+                libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &filter as *const libc::sock_fprog),
+                0,
+                "{}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+
+    /// Where `sync_file_range` is missing (ENOSYS) or refused (EINVAL), a paced file syncs its
+    /// data instead of failing the snapshot, and holds every byte.
+    #[test]
+    fn a_paced_file_syncs_its_data_where_sync_file_range_is_missing() {
+        for errno in [libc::ENOSYS, libc::EINVAL] {
+            let dir = tempfile::tempdir().unwrap();
+            let (written, held) = std::thread::spawn({
+                let dir = dir.path().to_path_buf();
+                move || {
+                    without_sync_file_range(errno);
+                    let file = fs::File::create(dir.join("probe")).unwrap();
+                    let error = write_out(&file, 0, 0).err();
+                    // SAFETY: the descriptor is open; no memory is passed.
+                    let direct = unsafe { libc::sync_file_range(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, 0) };
+                    assert_eq!((direct, io::Error::last_os_error().raw_os_error()), (-1, Some(errno)), "injected");
+                    assert!(error.is_none(), "write_out failed: {error:?}");
+                    let (written, held, _) = write_paced(&dir, (3 << 20) + 11, None);
+                    (written, held)
+                }
+            })
+            .join()
+            .unwrap();
+            assert!(written == held, "the file holds what was written (errno {errno})");
+        }
+        // Any other failure is reported.
+        let dir = tempfile::tempdir().unwrap();
+        let error = std::thread::spawn({
+            let dir = dir.path().to_path_buf();
+            move || {
+                without_sync_file_range(libc::EIO);
+                write_out(&fs::File::create(dir.join("probe")).unwrap(), 0, 0).unwrap_err().raw_os_error()
+            }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(error, Some(libc::EIO));
+    }
+
     #[test]
     fn a_paced_file_sent_back_to_an_earlier_offset_holds_what_was_written_last() {
         // A receiver whose chunk is sent again writes it again at its offset.
