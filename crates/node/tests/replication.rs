@@ -65,6 +65,49 @@ async fn writes_on_the_leader_reach_every_node_and_followers_forward() {
     }
 }
 
+/// A commit reaches a follower with the next append that carries entries, not in an append of
+/// its own: writes one after another cost a follower about one append each, not two (the
+/// published openraft sends every newly committed index at once, alone). Idle, a follower still
+/// learns the last commit, a few milliseconds later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_rides_on_the_next_append_to_a_follower() {
+    const WRITES: u64 = 200;
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader().await;
+    cluster.set(leader, "warm-up", "v").await.unwrap();
+    let followers: Vec<u64> = cluster.running().into_iter().filter(|id| *id != leader).collect();
+    let appends =
+        |metrics: &str| metric(metrics, "statestore_raft_appends_served_total{transport=\"stream\"}").unwrap_or(0.0);
+    let mut before = BTreeMap::new();
+    for &follower in &followers {
+        before.insert(follower, appends(&cluster.metrics(follower).await));
+    }
+    let first = cluster.status(leader).await.unwrap()["applied_index"].as_u64().unwrap();
+    let started = Instant::now();
+    for i in 0..WRITES {
+        let answer = cluster.set(leader, &format!("key-{i}"), "value").await.unwrap();
+        assert_eq!(answer.response, Response::Ok);
+    }
+    let elapsed = started.elapsed();
+    let last = cluster.status(leader).await.unwrap()["applied_index"].as_u64().unwrap();
+    let entries = last - first;
+    assert!(entries >= WRITES, "one entry per write: {entries}");
+    // The leader's heartbeats (every 50 ms) come on top, and a commit no entries followed within
+    // 10 ms goes alone: allow a quarter of the entries for that.
+    let heartbeats = elapsed.as_millis() as u64 / 50 + 2;
+    for &follower in &followers {
+        let served = appends(&cluster.metrics(follower).await) - before[&follower];
+        eprintln!("follower {follower}: {served} appends for {entries} entries in {elapsed:?}");
+        assert!(
+            served <= (entries + entries / 4 + heartbeats) as f64,
+            "follower {follower} was sent {served} appends for {entries} entries in {elapsed:?}: \
+             a commit went in an append of its own"
+        );
+        // Nothing else is written: the last commit reaches the follower alone.
+        cluster.wait_applied(follower, last).await;
+    }
+}
+
 /// Every write whose proposal returned survives `kill -9` of every node at once, with the
 /// version it was acknowledged with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
