@@ -284,9 +284,12 @@ measure_gap() {
 [[ -x "$cli" ]] || die "$cli is missing; build it with: cargo build --release --workspace --bins --locked"
 command -v curl >/dev/null || die "curl is missing (apt-get install -y curl)"
 docker info >/dev/null 2>&1 || die "cannot reach the Docker daemon"
+# Read whole before awk looks at it: awk stops at the first match, and a pipe from compose would
+# then end it by SIGPIPE (exit 141 under pipefail) whenever it had more to write.
+config="$(compose config)" || die "docker-compose.yml does not parse (see above)"
 for service in mosquitto node1; do
-  image="$(compose config | awk -v s="  $service:" '$0 == s { found = 1; next } found && /^  [^ ]/ { exit }
-                                                   found && /^    image:/ { print $2; exit }')"
+  image="$(awk -v s="  $service:" '$0 == s { found = 1; next } found && /^  [^ ]/ { exit }
+                                   found && /^    image:/ { print $2; exit }' <<<"$config")"
   docker image inspect "$image" >/dev/null 2>&1 ||
     die "image $image is missing: build it with 'docker compose build' or, without registry access, 'bash cluster/images.sh'"
 done
