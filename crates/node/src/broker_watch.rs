@@ -16,6 +16,10 @@
 //!   heartbeats and tries again later.
 //! - It takes leadership back only through an ordinary election, once connected again.
 //!
+//! Connected, here, means that requests reach the node: connected with the request subscription
+//! granted. Between a CONNACK without a session and its SUBACK the broker drops the requests it
+//! gets for want of a subscriber.
+//!
 //! A node started without a broker ([`without_broker`]) is treated as one that lost it, except
 //! that it may lead while no voter with a connected broker is ready: a cluster used over HTTP
 //! only has no broker at all.
@@ -48,7 +52,7 @@ enum Handover {
     Since(Instant),
 }
 
-/// Follows `connected` (true while the broker connection is up) until it closes.
+/// Follows `connected` (true while requests reach this node through the broker) until it closes.
 pub(crate) async fn follow_broker(node: Arc<Node>, mut connected: watch::Receiver<bool>) {
     let lease = node.elector.lease();
     let Some(client) = readiness_client(&node, lease) else { return };

@@ -93,7 +93,8 @@ pub struct Node {
     pub elector: Elector,
     /// The snapshot being received from the leader, checked before it is installed.
     pub snapshot_receiver: statestore_raft::SnapshotReceiver,
-    /// Whether the MQTT front end is connected to its broker, once it is started.
+    /// Whether requests reach the MQTT front end through its broker (connected, the request
+    /// subscription granted), once it is started.
     pub broker_connected: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>>,
     /// The applied index the last `request_snapshot` asked a snapshot to cover.
     snapshot_wanted: Arc<AtomicU64>,
@@ -384,8 +385,9 @@ impl Node {
         crate::pipeline::confirm_leadership_within(&self.raft, within).await.is_ok()
     }
 
-    /// Watches the MQTT front end's broker connection (true while connected): `/ready` reports
-    /// it, and leadership follows it (`broker_watch`). Set once; later calls are ignored.
+    /// Watches whether requests reach this node through its broker (true while connected with
+    /// the request subscription granted): `/ready` reports it, and leadership follows it
+    /// (`broker_watch`). Set once; later calls are ignored.
     pub fn follow_broker(self: &Arc<Self>, connected: tokio::sync::watch::Receiver<bool>) {
         if self.broker_connected.set(connected.clone()).is_ok() {
             self.spawn_duty(crate::broker_watch::follow_broker(self.clone(), connected));

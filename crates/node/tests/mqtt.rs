@@ -10,6 +10,7 @@ use bytes::Bytes;
 use common::broker::Broker;
 use common::gate::{Gate, PeerLinks};
 use common::mqtt::RawClient;
+use common::suback_hold::SubackHold;
 use common::tap::{Seen, Tap};
 use common::{elections_started, metric, now_ms, timestamp, Cluster};
 use rumqttc::v5::mqttbytes::QoS;
@@ -64,6 +65,55 @@ async fn a_node_without_its_broker_is_not_ready() {
     assert!(saw_not_ready, "/ready reports the lost broker");
     let broker = stopped.await.unwrap();
     assert_eq!(broker.port, port);
+    cluster.wait_ready().await;
+}
+
+/// `/ready` promises that requests reach the node. Connected is not enough: until the broker has
+/// granted the request subscription it drops requests for want of a subscriber. Node 3 reaches
+/// the broker through a proxy that holds its SUBACKs back: it is connected and stays not ready,
+/// does not lead, and becomes ready once its SUBACK arrives.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_is_ready_only_once_the_broker_granted_its_request_subscription() {
+    let broker = Broker::start();
+    let hold = SubackHold::start(broker.port).await;
+    let mut cluster = Cluster::prepare(3, &[]);
+    for id in 1..=3 {
+        let port = if id == 3 { hold.port } else { broker.port };
+        cluster.nodes.get_mut(&id).unwrap().args = vec!["--broker".into(), format!("127.0.0.1:{port}")];
+        cluster.spawn(id);
+    }
+    let http = reqwest::Client::new();
+    let metrics_of_3 = format!("{}/metrics", cluster.url(3));
+    let started = std::time::Instant::now();
+    loop {
+        let metrics = match http.get(&metrics_of_3).send().await {
+            Ok(response) => response.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        if metric(&metrics, "statestore_broker_connected") == Some(1.0) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "node 3 did not connect\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Connected, caught up and hearing the leader soon after: on every look for 1.5 s from now
+    // it must still not be ready, and say why.
+    let connected = std::time::Instant::now();
+    while connected.elapsed() < Duration::from_millis(1500) {
+        let response = http.get(format!("{}/ready", cluster.url(3))).send().await.unwrap();
+        let status = response.status().as_u16();
+        let body = response.text().await.unwrap_or_default();
+        assert_ne!(status, 200, "node 3 is ready while the broker has not granted its subscription: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let response = http.get(format!("{}/ready", cluster.url(3))).send().await.unwrap();
+    let body = response.text().await.unwrap_or_default();
+    assert!(body.contains("with the request subscription granted"), "{body}");
+    assert_ne!(cluster.wait_leader().await, 3, "a node that receives no requests does not stand");
+    let client = RawClient::connect(broker.port, "suback-held").await;
+    assert_eq!(client.request(&set(b"held", b"1"), &timestamp()).await.payload, b"+OK\r\n");
+
+    hold.release();
     cluster.wait_ready().await;
 }
 

@@ -305,9 +305,10 @@ pub async fn health(State(node): State<Arc<Node>>) -> Response {
 }
 
 /// `GET /ready`: this node is a member, knows a leader, has applied everything it knows to be
-/// committed (or gets there within a lease), is connected to its broker, its clock agrees with
-/// its leader's (or, leading, with most voters'), and, when it leads, still reaches a quorum;
-/// when it follows, it heard from the leader within two leases.
+/// committed (or gets there within a lease), is connected to its broker with the request
+/// subscription granted, its clock agrees with its leader's (or, leading, with most voters'),
+/// and, when it leads, still reaches a quorum; when it follows, it heard from the leader within
+/// two leases.
 pub async fn ready(State(node): State<Arc<Node>>) -> Response {
     let status = cluster_status(&node);
     let member = status.voters.iter().chain(&status.learners).any(|m| m.id == node.id);
@@ -320,7 +321,9 @@ pub async fn ready(State(node): State<Arc<Node>>) -> Response {
         // only a node that does not get there within a lease is catching up.
         Some("catching up: applied index is behind the committed index".to_string())
     } else if node.broker_connected.get().is_some_and(|connected| !*connected.borrow()) {
-        Some("not connected to the MQTT broker".to_string())
+        // Connected is not enough: until the broker grants the request subscription, it drops
+        // the requests it gets for want of a subscriber.
+        Some("not connected to the MQTT broker with the request subscription granted".to_string())
     } else if let Some(why) = node.identity.replaced() {
         Some(why)
     } else if let Some(why) = clock_problem(&node, &status) {

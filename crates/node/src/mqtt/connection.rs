@@ -66,8 +66,10 @@ enum Queued {
 #[derive(Clone)]
 pub struct Connection {
     outbound: mpsc::UnboundedSender<Queued>,
-    /// True while connected; the value changes on every connect and disconnect.
-    pub connected: watch::Receiver<bool>,
+    /// True while requests reach this node: connected, with the request subscription granted by
+    /// the broker (its SUBACK received, or kept by a resumed session). False while disconnected,
+    /// and between a CONNACK without a session and the SUBACK, when the broker drops requests.
+    pub receiving: watch::Receiver<bool>,
     /// Counts sessions: a new value means publishes of the previous one may be lost.
     pub sessions: watch::Receiver<u64>,
     /// Asks the task to say DISCONNECT and end; told when it has.
@@ -152,7 +154,7 @@ pub fn start(config: &BrokerConfig, requests: RequestSink, metrics: FrontEndMetr
     let capacity = 2 * usize::from(config.inflight) + 64;
     let (client, eventloop) = AsyncClient::new(options, capacity);
     let (outbound_tx, outbound_rx) = mpsc::unbounded_channel();
-    let (connected_tx, connected) = watch::channel(false);
+    let (receiving_tx, receiving) = watch::channel(false);
     let (sessions_tx, sessions) = watch::channel(0);
     let (stop_tx, stop_rx) = mpsc::unbounded_channel();
     let task = ConnectionTask {
@@ -161,7 +163,7 @@ pub fn start(config: &BrokerConfig, requests: RequestSink, metrics: FrontEndMetr
         outbound: outbound_rx,
         requests,
         metrics,
-        connected: connected_tx,
+        receiving: receiving_tx,
         sessions: sessions_tx,
         window: usize::from(config.inflight),
         awaiting_id: VecDeque::new(),
@@ -178,7 +180,7 @@ pub fn start(config: &BrokerConfig, requests: RequestSink, metrics: FrontEndMetr
         stopping: None,
     };
     tokio::spawn(task.run());
-    Ok(Connection { outbound: outbound_tx, connected, sessions, stop: stop_tx })
+    Ok(Connection { outbound: outbound_tx, receiving, sessions, stop: stop_tx })
 }
 
 fn mqtt_options(config: &BrokerConfig) -> anyhow::Result<MqttOptions> {
@@ -242,7 +244,7 @@ struct ConnectionTask {
     outbound: mpsc::UnboundedReceiver<Queued>,
     requests: RequestSink,
     metrics: FrontEndMetrics,
-    connected: watch::Sender<bool>,
+    receiving: watch::Sender<bool>,
     sessions: watch::Sender<u64>,
     /// At most this many of our publishes handed to rumqttc and not yet given a packet id.
     window: usize,
@@ -273,10 +275,12 @@ struct ConnectionTask {
 /// may grant less; that is logged, not asked again).
 #[derive(Debug, Default)]
 struct Subscription {
-    /// Asked for in the last SUBSCRIBE the broker answered.
+    /// Asked for in the last SUBSCRIBE the broker granted.
     answered: Option<QoS>,
     /// Asked for in a SUBSCRIBE not answered yet.
     requested: Option<QoS>,
+    /// The broker refused a SUBSCRIBE of this connection: not asked again before the next one.
+    refused: bool,
 }
 
 /// Most queued publishes and acknowledgements rumqttc writes to the broker in one flush.
@@ -403,8 +407,8 @@ impl ConnectionTask {
     /// about to), e.g. after a role change or in a new session.
     fn subscribe_at_role_qos(&mut self) {
         let wanted = if self.leading { QoS::AtLeastOnce } else { self.follower_qos };
-        let Subscription { answered, requested } = self.subscription;
-        if !self.is_connected || requested.or(answered) == Some(wanted) {
+        let Subscription { answered, requested, refused } = self.subscription;
+        if !self.is_connected || refused || requested.or(answered) == Some(wanted) {
             return;
         }
         match self.client.try_subscribe(REQUEST_TOPIC, wanted) {
@@ -452,11 +456,12 @@ impl ConnectionTask {
                 // A SUBSCRIBE of the last connection may not have reached the broker; a new
                 // session has no subscription at all.
                 self.subscription.requested = None;
+                self.subscription.refused = false;
                 if !connack.session_present {
                     self.subscription.answered = None;
                 }
                 self.sessions.send_modify(|n| *n += 1);
-                let _ = self.connected.send(true);
+                self.tell_receiving();
                 self.metrics.broker_connected.set(1);
                 tracing::info!(session_present = connack.session_present, "connected to the broker");
             }
@@ -465,7 +470,9 @@ impl ConnectionTask {
                     // Only a confirmed QoS 1 subscription delivers at the client's QoS; a SUBSCRIBE
                     // not yet answered may still be in either state.
                     let delivered = match self.subscription {
-                        Subscription { answered: Some(QoS::AtLeastOnce), requested: None } => Delivered::AsPublished,
+                        Subscription { answered: Some(QoS::AtLeastOnce), requested: None, .. } => {
+                            Delivered::AsPublished
+                        }
                         _ => Delivered::MaybeCapped,
                     };
                     (self.requests)(publish, delivered);
@@ -486,18 +493,22 @@ impl ConnectionTask {
             Event::Incoming(Packet::SubAck(suback)) => {
                 use rumqttc::v5::mqttbytes::v5::SubscribeReasonCode;
                 let requested = self.subscription.requested.take();
-                self.subscription.answered = requested;
                 match suback.return_codes.as_slice() {
                     [SubscribeReasonCode::Success(qos)] => {
+                        self.subscription.answered = requested;
                         if requested.is_some_and(|wanted| wanted != *qos) {
                             tracing::warn!(?requested, granted = ?qos, "the broker granted another QoS for requests");
                         }
                         tracing::info!(topic = REQUEST_TOPIC, qos = ?qos, leading = self.leading, "subscribed");
                     }
                     codes => {
+                        // A refused SUBSCRIBE leaves what the session had (none in a new one); it is
+                        // asked again on the next connection, not in a loop against the refusal.
+                        self.subscription.refused = true;
                         tracing::error!(?codes, "the broker refused the request subscription");
                     }
                 }
+                self.tell_receiving();
             }
             Event::Incoming(Packet::Disconnect(disconnect)) => {
                 tracing::warn!(reason = ?disconnect.reason_code, "the broker disconnected us");
@@ -511,6 +522,12 @@ impl ConnectionTask {
             }
             _ => {}
         }
+    }
+
+    /// Tells [`Connection::receiving`] whether requests reach this node now.
+    fn tell_receiving(&self) {
+        let receiving = self.is_connected && self.subscription.answered.is_some();
+        self.receiving.send_if_modified(|was| std::mem::replace(was, receiving) != receiving);
     }
 
     fn on_error(&mut self, error: &rumqttc::v5::ConnectionError) {
@@ -532,7 +549,7 @@ impl ConnectionTask {
         for (_, delivery) in self.awaiting_ack.drain() {
             let _ = delivery.send(Delivery::Unknown);
         }
-        let _ = self.connected.send(false);
+        self.tell_receiving();
         self.metrics.broker_connected.set(0);
         self.metrics.broker_reconnects.inc();
         tracing::warn!(%error, "lost the broker connection");

@@ -9,6 +9,7 @@ pub mod disk;
 pub mod gate;
 pub mod mqtt;
 pub mod sdk;
+pub mod suback_hold;
 pub mod tap;
 
 use std::collections::BTreeMap;
