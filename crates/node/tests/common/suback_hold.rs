@@ -55,7 +55,6 @@ async fn forward_holding_subacks(
     mut held: watch::Receiver<bool>,
 ) {
     let mut pending: Vec<u8> = Vec::new();
-    let mut holding = false;
     let mut chunk = [0u8; 16 * 1024];
     loop {
         tokio::select! {
@@ -66,24 +65,26 @@ async fn forward_holding_subacks(
                 };
                 pending.extend_from_slice(&chunk[..n]);
             }
-            changed = held.changed(), if holding => {
+            // Fires once, at the release (or when the hold is dropped with its test).
+            changed = held.changed() => {
                 if changed.is_err() {
                     return;
                 }
             }
         }
-        // Pass whole packets up to the first SUBACK while held; everything once released.
-        let mut passed = 0;
-        while let Some(length) = packet_length(&pending[passed..]) {
-            if *held.borrow() && pending[passed] >> 4 == SUBACK {
-                break;
+        // While held, whole packets up to the first SUBACK; once released, everything.
+        let passed = if *held.borrow() {
+            let mut passed = 0;
+            while let Some(length) = packet_length(&pending[passed..]) {
+                if pending[passed] >> 4 == SUBACK {
+                    break;
+                }
+                passed += length;
             }
-            passed += length;
-        }
-        holding = *held.borrow() && passed < pending.len();
-        if !*held.borrow() {
-            passed = pending.len();
-        }
+            passed
+        } else {
+            pending.len()
+        };
         if passed > 0 {
             if to_client.write_all(&pending[..passed]).await.is_err() {
                 return;
