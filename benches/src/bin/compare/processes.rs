@@ -161,19 +161,29 @@ pub async fn wait_for_port(port: u16, timeout: Duration, what: &str) -> anyhow::
     Ok(())
 }
 
-/// CPU time the whole machine has been busy (all CPUs, everything but idle and I/O wait), in
-/// seconds, from the first line of /proc/stat.
-fn machine_busy_seconds() -> Option<f64> {
+/// CPU time the whole machine has been busy (all CPUs, everything but idle and I/O wait), and
+/// the part of it stolen by the hypervisor for other guests, in seconds, from the first line of
+/// /proc/stat.
+fn machine_seconds() -> Option<MachineTime> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    parse_busy_ticks(stat.lines().next()?).map(|ticks| ticks as f64 / clock_ticks_per_second())
+    let ticks = parse_machine_ticks(stat.lines().next()?)?;
+    let hz = clock_ticks_per_second();
+    Some(MachineTime { busy: ticks.busy as f64 / hz, steal: ticks.steal as f64 / hz })
 }
 
-/// user + nice + system + irq + softirq + steal of a `cpu ...` line of /proc/stat.
-fn parse_busy_ticks(line: &str) -> Option<u64> {
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct MachineTime<T = f64> {
+    busy: T,
+    steal: T,
+}
+
+/// Busy (user + nice + system + irq + softirq + steal) and steal ticks of a `cpu ...` line of
+/// /proc/stat.
+fn parse_machine_ticks(line: &str) -> Option<MachineTime<u64>> {
     let fields: Vec<u64> =
         line.strip_prefix("cpu ")?.split_whitespace().map(|f| f.parse().ok()).collect::<Option<_>>()?;
     let [user, nice, system, _idle, _iowait, irq, softirq, steal, ..] = fields[..] else { return None };
-    Some(user + nice + system + irq + softirq + steal)
+    Some(MachineTime { busy: user + nice + system + irq + softirq + steal, steal })
 }
 
 /// The CPU of the servers among `cpu` (by process name): every process but the broker and the
@@ -187,13 +197,13 @@ pub fn servers_cpu(cpu: &[(String, f64)]) -> f64 {
 pub struct CpuSample {
     at: Instant,
     seconds: Vec<(String, Option<f64>)>,
-    machine: Option<f64>,
+    machine: Option<MachineTime>,
 }
 
 impl CpuSample {
     pub fn take(processes: &[(String, u32)]) -> CpuSample {
         let seconds = processes.iter().map(|(name, pid)| (name.clone(), cpu_seconds(*pid))).collect();
-        CpuSample { at: Instant::now(), seconds, machine: machine_busy_seconds() }
+        CpuSample { at: Instant::now(), seconds, machine: machine_seconds() }
     }
 
     /// CPU seconds per second the machine spent on anything but the listed processes between
@@ -202,7 +212,18 @@ impl CpuSample {
         let listed: f64 = self.usage_until(end).iter().map(|(_, cpu)| cpu).sum();
         let wall = end.at.duration_since(self.at).as_secs_f64().max(1e-9);
         match (self.machine, end.machine) {
-            (Some(before), Some(after)) => ((after - before) / wall - listed).max(0.0),
+            (Some(before), Some(after)) => ((after.busy - before.busy) / wall - listed).max(0.0),
+            _ => f64::NAN,
+        }
+    }
+
+    /// CPU seconds per second the hypervisor gave to other guests between `self` and `end`
+    /// (`steal` of /proc/stat): time the measured processes wanted a CPU and did not get one,
+    /// which no process on this machine accounts for (NaN if unreadable).
+    pub fn stolen_until(&self, end: &CpuSample) -> f64 {
+        let wall = end.at.duration_since(self.at).as_secs_f64().max(1e-9);
+        match (self.machine, end.machine) {
+            (Some(before), Some(after)) => (after.steal - before.steal) / wall,
             _ => f64::NAN,
         }
     }
@@ -237,9 +258,12 @@ mod tests {
 
     #[test]
     fn machine_busy_time_leaves_out_idle_and_io_wait() {
-        assert_eq!(parse_busy_ticks("cpu  100 5 50 1000 20 1 2 3 0 0"), Some(100 + 5 + 50 + 1 + 2 + 3));
-        assert_eq!(parse_busy_ticks("cpu0 100 5 50 1000 20 1 2 3 0 0"), None, "the total line only");
-        assert_eq!(parse_busy_ticks("cpu  1 2"), None);
+        assert_eq!(
+            parse_machine_ticks("cpu  100 5 50 1000 20 1 2 3 0 0"),
+            Some(MachineTime { busy: 100 + 5 + 50 + 1 + 2 + 3, steal: 3 })
+        );
+        assert_eq!(parse_machine_ticks("cpu0 100 5 50 1000 20 1 2 3 0 0"), None, "the total line only");
+        assert_eq!(parse_machine_ticks("cpu  1 2"), None);
     }
 
     #[test]

@@ -105,7 +105,21 @@ pub struct Measured {
     /// Elections (Raft terms begun) during the window (cluster only): a healthy cluster under
     /// load has none.
     pub elections: Option<u64>,
+    /// The CPU of each minute of the window, in the recording's minutes.
+    pub minutes_cpu: Vec<MinuteCpu>,
     pub recording: Recording,
+}
+
+/// CPU in one minute of a window (the last may be shorter), in CPU-seconds per second.
+#[derive(Debug, Clone, Copy)]
+pub struct MinuteCpu {
+    /// The target's servers (nodes, etcd members or echo responders).
+    pub servers: f64,
+    /// Taken by the hypervisor for other guests: the measured processes' share of a slower
+    /// machine, which no process here accounts for.
+    pub stolen: f64,
+    /// Other processes on the machine.
+    pub others: f64,
 }
 
 impl Measured {
@@ -176,8 +190,16 @@ async fn measure_window(
     let term_before = highest_term(target).await;
     let end = start + length;
     let mut last = (Instant::now(), 0);
+    // A sample at every whole minute of the window, so each minute's CPU can be set beside its
+    // answers (the recording's minutes count from `start` too).
+    let mut samples = vec![cpu_before.clone()];
     while Instant::now() < end {
-        tokio::time::sleep(end.saturating_duration_since(Instant::now()).min(Duration::from_secs(1))).await;
+        let next_minute = start + Duration::from_secs(60 * samples.len() as u64);
+        let wake = end.min(next_minute).saturating_duration_since(Instant::now()).min(Duration::from_secs(1));
+        tokio::time::sleep(wake).await;
+        if Instant::now() >= next_minute && next_minute < end {
+            samples.push(CpuSample::take(&processes));
+        }
         target.check_running()?;
         let (answered, errors) = recorder.counts();
         let now = Instant::now();
@@ -192,6 +214,15 @@ async fn measure_window(
     }
     let cpu_after = CpuSample::take(&processes);
     let (cpu, cpu_others) = (cpu_before.usage_until(&cpu_after), cpu_before.others_until(&cpu_after));
+    samples.push(cpu_after);
+    let minutes_cpu = samples
+        .windows(2)
+        .map(|pair| MinuteCpu {
+            servers: crate::processes::servers_cpu(&pair[0].usage_until(&pair[1])),
+            stolen: pair[0].stolen_until(&pair[1]),
+            others: pair[0].others_until(&pair[1]),
+        })
+        .collect();
     let counters_after = leader_counters(target, leader).await;
     let term_after = highest_term(target).await;
     load.finish().await;
@@ -209,6 +240,7 @@ async fn measure_window(
         cpu_others,
         requests_per_fsync,
         elections: term_after.zip(term_before).map(|(after, before)| after.saturating_sub(before)),
+        minutes_cpu,
         recording,
     })
 }

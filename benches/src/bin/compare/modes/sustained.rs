@@ -51,14 +51,40 @@ fn minutes(measured: &Measured) -> Vec<(f64, Percentiles, u64)> {
 fn report(run: &mut Run, inflight: usize, results: &[(TargetKind, Measured)]) -> anyhow::Result<()> {
     let mut per_second = Vec::new();
     let mut per_minute = Vec::new();
-    let mut table = Table::new(&["target", "minute", "ops/s", "p50 ms", "p99 ms", "p99.9 ms", "errors"]);
-    let mut drift =
-        Table::new(&["target", "ops/s last/first", "p99 last/first", "p99.9 last/first", "CPU total", "others"]);
+    let mut table = Table::new(&[
+        "target",
+        "minute",
+        "ops/s",
+        "p50 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "errors",
+        "servers µs/req",
+        "stolen",
+        "others",
+    ]);
+    let mut drift = Table::new(&[
+        "target",
+        "ops/s last/first",
+        "servers µs/req last/first",
+        "p99 last/first",
+        "p99.9 last/first",
+        "CPU total",
+        "others",
+    ]);
     for (kind, measured) in results {
         for (second, s) in measured.recording.seconds.iter().enumerate() {
             per_second.push(vec![kind.to_string(), second.to_string(), s.answered.to_string(), s.errors.to_string()]);
         }
         let by_minute = minutes(measured);
+        // The servers' CPU per answer in each minute: it rises if the store does more work per
+        // request as it runs; ops/s alone also moves with what the rest of the machine gets.
+        let cost_us = |minute: usize| {
+            let (ops, _, _) = by_minute[minute];
+            measured.minutes_cpu.get(minute).map_or(f64::NAN, |cpu| cpu.servers / ops.max(1e-9) * 1e6)
+        };
+        let cpu_of =
+            |minute: usize, of: fn(&super::MinuteCpu) -> f64| measured.minutes_cpu.get(minute).map_or(f64::NAN, of);
         for (minute, (ops, p, errors)) in by_minute.iter().enumerate() {
             table.row(vec![
                 kind.to_string(),
@@ -68,6 +94,9 @@ fn report(run: &mut Run, inflight: usize, results: &[(TargetKind, Measured)]) ->
                 report::decimal(p.p99),
                 report::decimal(p.p999),
                 errors.to_string(),
+                format!("{:.1}", cost_us(minute)),
+                report::decimal(cpu_of(minute, |c| c.stolen)),
+                report::decimal(cpu_of(minute, |c| c.others)),
             ]);
             per_minute.push(vec![
                 kind.to_string(),
@@ -77,12 +106,16 @@ fn report(run: &mut Run, inflight: usize, results: &[(TargetKind, Measured)]) ->
                 report::csv_number(p.p99),
                 report::csv_number(p.p999),
                 errors.to_string(),
+                report::csv_number(cost_us(minute)),
+                report::csv_number(cpu_of(minute, |c| c.stolen)),
+                report::csv_number(cpu_of(minute, |c| c.others)),
             ]);
         }
         if let (Some(first), Some(last)) = (by_minute.first(), by_minute.last()) {
             drift.row(vec![
                 kind.to_string(),
                 format!("{:.3}", last.0 / first.0),
+                format!("{:.3}", cost_us(by_minute.len() - 1) / cost_us(0)),
                 format!("{:.3}", last.1.p99 / first.1.p99),
                 format!("{:.3}", last.1.p999 / first.1.p999),
                 report::decimal(measured.cpu_split().3),
@@ -102,7 +135,18 @@ fn report(run: &mut Run, inflight: usize, results: &[(TargetKind, Measured)]) ->
     report::write_csv(&run.out.join("sustained.csv"), &["target", "second", "answered", "errors"], &per_second)?;
     report::write_csv(
         &run.out.join("sustained_minutes.csv"),
-        &["target", "minute", "ops_per_s", "p50_ms", "p99_ms", "p999_ms", "errors"],
+        &[
+            "target",
+            "minute",
+            "ops_per_s",
+            "p50_ms",
+            "p99_ms",
+            "p999_ms",
+            "errors",
+            "servers_cpu_us_per_request",
+            "stolen_cpu",
+            "others_cpu",
+        ],
         &per_minute,
     )?;
     let lines = results
