@@ -210,20 +210,22 @@ impl CpuSample {
     /// `self` and `end`: other work that competed with the measurement (NaN if unreadable).
     pub fn others_until(&self, end: &CpuSample) -> f64 {
         let listed: f64 = self.usage_until(end).iter().map(|(_, cpu)| cpu).sum();
-        let wall = end.at.duration_since(self.at).as_secs_f64().max(1e-9);
-        match (self.machine, end.machine) {
-            (Some(before), Some(after)) => ((after.busy - before.busy) / wall - listed).max(0.0),
-            _ => f64::NAN,
-        }
+        (self.machine_per_second(end, |time| time.busy) - listed).max(0.0)
     }
 
     /// CPU seconds per second the hypervisor gave to other guests between `self` and `end`
     /// (`steal` of /proc/stat): time the measured processes wanted a CPU and did not get one,
     /// which no process on this machine accounts for (NaN if unreadable).
     pub fn stolen_until(&self, end: &CpuSample) -> f64 {
+        self.machine_per_second(end, |time| time.steal)
+    }
+
+    /// How fast one of the machine's CPU times grew between `self` and `end`, in seconds per
+    /// second (NaN if /proc/stat was unreadable).
+    fn machine_per_second(&self, end: &CpuSample, of: fn(MachineTime) -> f64) -> f64 {
         let wall = end.at.duration_since(self.at).as_secs_f64().max(1e-9);
         match (self.machine, end.machine) {
-            (Some(before), Some(after)) => (after.steal - before.steal) / wall,
+            (Some(before), Some(after)) => (of(after) - of(before)) / wall,
             _ => f64::NAN,
         }
     }

@@ -79,12 +79,9 @@ fn report(run: &mut Run, inflight: usize, results: &[(TargetKind, Measured)]) ->
         let by_minute = minutes(measured);
         // The servers' CPU per answer in each minute: it rises if the store does more work per
         // request as it runs; ops/s alone also moves with what the rest of the machine gets.
-        let cost_us = |minute: usize| {
-            let (ops, _, _) = by_minute[minute];
-            measured.minutes_cpu.get(minute).map_or(f64::NAN, |cpu| cpu.servers / ops.max(1e-9) * 1e6)
-        };
         let cpu_of =
             |minute: usize, of: fn(&super::MinuteCpu) -> f64| measured.minutes_cpu.get(minute).map_or(f64::NAN, of);
+        let cost_us = |minute: usize| cpu_of(minute, |c| c.servers) / by_minute[minute].0.max(1e-9) * 1e6;
         for (minute, (ops, p, errors)) in by_minute.iter().enumerate() {
             table.row(vec![
                 kind.to_string(),
