@@ -113,6 +113,7 @@ async fn start_cluster(dir: &std::path::Path, mqtt_port: u16) -> Vec<RunningNode
                 client_inflight: 500,
                 max_packet_size: 16 << 20,
                 follower_qos: 0,
+                round_trip_bound: Duration::from_secs(2),
                 access: None,
             }),
         };

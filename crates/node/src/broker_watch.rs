@@ -16,9 +16,11 @@
 //!   heartbeats and tries again later.
 //! - It takes leadership back only through an ordinary election, once connected again.
 //!
-//! Connected, here, means that requests reach the node: connected with the request subscription
-//! granted. Between a CONNACK without a session and its SUBACK the broker drops the requests it
-//! gets for want of a subscriber.
+//! Connected, here, means that requests reach the node in time: connected with the request
+//! subscription granted, and the broker's round trip within its bound. Between a CONNACK without
+//! a session and its SUBACK the broker drops the requests it gets for want of a subscriber; over
+//! a congested link it delivers them, late, and every answer is as late (the connection's
+//! round-trip probe, `--broker-round-trip-bound-ms`).
 //!
 //! A node started without a broker ([`without_broker`]) is treated as one that lost it, except
 //! that it may lead while no voter with a connected broker is ready: a cluster used over HTTP
@@ -101,10 +103,12 @@ pub(crate) async fn follow_broker(node: Arc<Node>, mut connected: watch::Receive
                         tracing::warn!(
                             lost_ms = lost.elapsed().as_millis() as u64,
                             peer,
-                            "no broker connection for longer than the lease: handing leadership to a connected node"
+                            "requests have not reached this node through its broker (no connection, or a round trip \
+                             over the bound) for longer than the lease: handing leadership to a node they reach"
                         );
                         let why = format!(
-                            "node {} has lost its broker connection and hands leadership over; try again shortly",
+                            "node {} is not reached through its broker in time and hands leadership over; try again \
+                             shortly",
                             node.id
                         );
                         node.hand_over_to(Some(peer), why, statestore_raft::Handover::Settled).await;

@@ -175,6 +175,12 @@ pub struct Args {
     /// missed when it returns). The leader always subscribes at QoS 1.
     #[arg(long, env = "STATESTORE_BROKER_FOLLOWER_QOS")]
     pub broker_follower_qos: Option<u8>,
+    /// Longest round trip to the broker, in milliseconds, at which requests still count as
+    /// reaching this node: a node whose probes take longer is not ready, does not stand for
+    /// election and, leading, hands leadership to a node whose broker answers in time, as one
+    /// without its broker does. Default 2000.
+    #[arg(long, env = "STATESTORE_BROKER_ROUND_TRIP_BOUND_MS")]
+    pub broker_round_trip_bound_ms: Option<u64>,
     /// A TOML file mapping MQTT client ids (the `clients/<id>/` of their response topics) to the
     /// key prefixes each may use; other keys are answered `not authorized` (docs/operations.md, Security).
     /// Every node must load the same file. Default: none, every client may use every key.
@@ -262,6 +268,8 @@ pub struct BrokerConfig {
     pub max_packet_size: u32,
     /// QoS of a follower's request subscription (0 or 1); the leader's is always 1.
     pub follower_qos: u8,
+    /// Longest broker round trip at which requests still count as reaching this node.
+    pub round_trip_bound: Duration,
     /// Which keys each client may use; `None`: every key.
     pub access: Option<KeyAccess>,
 }
@@ -551,6 +559,10 @@ fn broker_config(id: NodeId, args: &Args) -> Result<Option<BrokerConfig>, Config
     if keep_alive < 5 {
         return error("--broker-keep-alive-secs must be at least 5".into());
     }
+    let round_trip_bound_ms = args.broker_round_trip_bound_ms.unwrap_or(2000);
+    if round_trip_bound_ms < 100 {
+        return error("--broker-round-trip-bound-ms must be at least 100".into());
+    }
     Ok(Some(BrokerConfig {
         host: host.to_string(),
         port,
@@ -564,6 +576,7 @@ fn broker_config(id: NodeId, args: &Args) -> Result<Option<BrokerConfig>, Config
         client_inflight,
         max_packet_size,
         follower_qos,
+        round_trip_bound: Duration::from_millis(round_trip_bound_ms),
         access,
     }))
 }
@@ -727,6 +740,10 @@ mod tests {
         assert_eq!((broker.tls, broker.inflight, broker.session_expiry), (None, 1000, Duration::from_secs(300)));
         assert_eq!(broker.client_inflight, 500);
         assert_eq!(broker.follower_qos, 0);
+        assert_eq!(broker.round_trip_bound, Duration::from_secs(2));
+        let bound =
+            NodeConfig::from_args(args(&["--id", "1", "--broker", "h:1", "--broker-round-trip-bound-ms", "500"]));
+        assert_eq!(bound.unwrap().broker.unwrap().round_trip_bound, Duration::from_millis(500));
         let qos1 = NodeConfig::from_args(args(&["--id", "1", "--broker", "h:1", "--broker-follower-qos", "1"]));
         assert_eq!(qos1.unwrap().broker.unwrap().follower_qos, 1);
         let named = NodeConfig::from_args(args(&[
@@ -756,6 +773,7 @@ mod tests {
             &["--broker", "h:1", "--broker-inflight", "10", "--broker-client-inflight", "11"],
             &["--broker", "h:1", "--broker-max-packet-size", "1000"],
             &["--broker", "h:1", "--broker-follower-qos", "2"],
+            &["--broker", "h:1", "--broker-round-trip-bound-ms", "99"],
         ] {
             let mut list = vec!["--id", "1"];
             list.extend_from_slice(bad);

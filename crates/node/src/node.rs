@@ -93,9 +93,11 @@ pub struct Node {
     pub elector: Elector,
     /// The snapshot being received from the leader, checked before it is installed.
     pub snapshot_receiver: statestore_raft::SnapshotReceiver,
-    /// Whether requests reach the MQTT front end through its broker (connected, the request
-    /// subscription granted), once it is started.
+    /// Whether requests reach the MQTT front end through its broker in time (connected, the
+    /// request subscription granted, the broker's round trip within its bound), once it is started.
     pub broker_connected: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>>,
+    /// While the broker's round trip to this node is over its bound: how long it took.
+    pub broker_slow: std::sync::OnceLock<tokio::sync::watch::Receiver<Option<Duration>>>,
     /// The applied index the last `request_snapshot` asked a snapshot to cover.
     snapshot_wanted: Arc<AtomicU64>,
     /// One permit per `/v1/command` request being served (`--max-http-commands`).
@@ -232,6 +234,7 @@ impl Node {
             elector: elector.clone(),
             snapshot_receiver: statestore_raft::SnapshotReceiver::default(),
             broker_connected: std::sync::OnceLock::new(),
+            broker_slow: std::sync::OnceLock::new(),
             snapshot_wanted: Arc::new(AtomicU64::new(0)),
             http_commands: Arc::new(tokio::sync::Semaphore::new(config.max_http_commands)),
             max_http_commands: config.max_http_commands,
@@ -385,11 +388,17 @@ impl Node {
         crate::pipeline::confirm_leadership_within(&self.raft, within).await.is_ok()
     }
 
-    /// Watches whether requests reach this node through its broker (true while connected with
-    /// the request subscription granted): `/ready` reports it, and leadership follows it
+    /// Watches whether requests reach this node through its broker in time (true while connected
+    /// with the request subscription granted and the broker's round trip within its bound; `slow`
+    /// holds that round trip while it is over): `/ready` reports it, and leadership follows it
     /// (`broker_watch`). Set once; later calls are ignored.
-    pub fn follow_broker(self: &Arc<Self>, connected: tokio::sync::watch::Receiver<bool>) {
+    pub fn follow_broker(
+        self: &Arc<Self>,
+        connected: tokio::sync::watch::Receiver<bool>,
+        slow: tokio::sync::watch::Receiver<Option<Duration>>,
+    ) {
         if self.broker_connected.set(connected.clone()).is_ok() {
+            let _ = self.broker_slow.set(slow);
             self.spawn_duty(crate::broker_watch::follow_broker(self.clone(), connected));
         }
     }

@@ -156,6 +156,61 @@ async fn a_leader_that_loses_its_broker_hands_leadership_to_a_connected_node() {
     assert_eq!(reply.payload, b"$1\r\n1\r\n", "nothing written before the cut is lost");
 }
 
+/// A leader whose broker link turns slow (every byte held 4 s, in order: a congested link, not a
+/// lost one) stays connected, so only the time the broker takes to answer it shows the fault.
+/// Its answers would come 4 s late for as long as the link stays slow. It must hand leadership
+/// to a node whose link is fast and say why on `/ready`; once its link is fast again it is ready.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_whose_broker_link_turns_slow_hands_leadership_to_a_node_whose_link_is_not() {
+    let broker = Broker::start();
+    let (cluster, gates) = cluster_with_gated_brokers(&broker).await;
+    let first = cluster.wait_leader().await;
+    let client = RawClient::connect(broker.port, "broker-slow").await;
+    assert_eq!(client.request(&set(b"before-slow", b"1"), &timestamp()).await.payload, b"+OK\r\n");
+
+    gates[&first].slow(Duration::from_secs(4));
+    let slowed = std::time::Instant::now();
+    // Writes one after the other, each given 10 s, until one is answered within 1 s of its send.
+    let mut answered_in_time = None;
+    for attempt in 0..30 {
+        let key = format!("during-slow-{attempt}");
+        let sent = std::time::Instant::now();
+        let reply = client
+            .request_with(&set(key.as_bytes(), b"1"), client.properties(&timestamp()), Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| panic!("{key} was not answered within 10 s\n{}", cluster.logs()));
+        assert_eq!(reply.payload, b"+OK\r\n");
+        if sent.elapsed() < Duration::from_secs(1) {
+            answered_in_time = Some(slowed.elapsed());
+            break;
+        }
+        assert!(slowed.elapsed() < Duration::from_secs(20), "no write answered within 1 s in 20 s\n{}", cluster.logs());
+    }
+    let answered_in_time = answered_in_time.expect("a write answered in time");
+    println!(
+        "a write was answered within 1 s again {} ms after the leader's link turned slow",
+        answered_in_time.as_millis()
+    );
+    let second = cluster.wait_leader().await;
+    assert_ne!(second, first, "a node whose broker link is fast leads\n{}", cluster.logs());
+    let ready = reqwest::get(format!("{}/ready", cluster.url(first))).await.unwrap();
+    let status = ready.status().as_u16();
+    let body = ready.text().await.unwrap();
+    assert_eq!(status, 503, "the node with the slow link is not ready: {body}");
+    assert!(body.contains("round trip"), "/ready names the slow round trip: {body}");
+    // The probe outstanding at the bound comes back after the delay, and the gauge shows it.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while metric(&cluster.metrics(first).await, "statestore_broker_round_trip_seconds").unwrap_or(0.0) < 2.0 {
+        assert!(std::time::Instant::now() < until, "the round trip gauge of node {first} never showed the delay");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    gates[&first].slow(Duration::ZERO);
+    cluster.wait_ready().await;
+    let reply = client.request(&get(b"before-slow"), &timestamp()).await;
+    assert_eq!(reply.payload, b"$1\r\n1\r\n", "nothing written before the link turned slow is lost");
+}
+
 /// A voter started without `--broker` (a misconfiguration the node warns about) that leads
 /// serves no MQTT client: it must hand leadership to a voter that has its broker, as a leader
 /// that lost its broker does. Nodes 1 and 2 reach the broker through gates, cut at first: a

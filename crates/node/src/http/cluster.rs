@@ -306,7 +306,7 @@ pub async fn health(State(node): State<Arc<Node>>) -> Response {
 
 /// `GET /ready`: this node is a member, knows a leader, has applied everything it knows to be
 /// committed (or gets there within a lease), is connected to its broker with the request
-/// subscription granted, its clock agrees with its leader's (or, leading, with most voters'),
+/// subscription granted and the broker's round trip within its bound, its clock agrees with its leader's (or, leading, with most voters'),
 /// and, when it leads, still reaches a quorum; when it follows, it heard from the leader within
 /// two leases.
 pub async fn ready(State(node): State<Arc<Node>>) -> Response {
@@ -320,6 +320,13 @@ pub async fn ready(State(node): State<Arc<Node>>) -> Response {
         // Under load the applied index trails the committed one for the moment an apply takes;
         // only a node that does not get there within a lease is catching up.
         Some("catching up: applied index is behind the committed index".to_string())
+    } else if let Some(took) = node.broker_slow.get().and_then(|slow| *slow.borrow()) {
+        // Connected, but what the broker sends reaches this node late (a congested link).
+        Some(format!(
+            "the MQTT broker's round trip to this node took {} ms, over the bound of \
+             --broker-round-trip-bound-ms",
+            took.as_millis()
+        ))
     } else if node.broker_connected.get().is_some_and(|connected| !*connected.borrow()) {
         // Connected is not enough: until the broker grants the request subscription, it drops
         // the requests it gets for want of a subscriber.

@@ -7,6 +7,11 @@
 //! redelivers every request this node did not acknowledge, also across a restart of the node.
 //! Reconnects back off exponentially with jitter; a CONNACK without a session subscribes again.
 //!
+//! Every [`PROBE_EVERY`] the node times the broker's round trip: a QoS 1 publish to a topic of
+//! its own that nobody subscribes to ([`probe_topic`]), until its PUBACK. A link that delivers
+//! everything, late, looks connected; while a probe takes longer than the bound
+//! (`--broker-round-trip-bound-ms`), requests do not count as reaching this node either.
+//!
 //! The request subscription follows the node's role (DESIGN.md §1): the leader subscribes at
 //! QoS 1, so the broker redelivers what it did not answer; a follower at the configured follower
 //! QoS, 0 by default, so the broker keeps no copy in flight for it and it sends no PUBACKs. A
@@ -22,7 +27,7 @@ use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, Publish, PublishPropertie
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, ClientError, Event, EventLoop, MqttOptions};
 use rumqttc::{NetworkOptions, Outgoing, TlsConfiguration, Transport};
-use statestore_protocol::topic::REQUEST_TOPIC;
+use statestore_protocol::topic::{hex_upper, NOTIFICATION_PREFIX, REQUEST_TOPIC};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
@@ -66,10 +71,14 @@ enum Queued {
 #[derive(Clone)]
 pub struct Connection {
     outbound: mpsc::UnboundedSender<Queued>,
-    /// True while requests reach this node: connected, with the request subscription granted by
-    /// the broker (its SUBACK received, or kept by a resumed session). False while disconnected,
-    /// and between a CONNACK without a session and the SUBACK, when the broker drops requests.
+    /// True while requests reach this node in time: connected, with the request subscription
+    /// granted by the broker (its SUBACK received, or kept by a resumed session), and the broker's
+    /// round trip within its bound. False while disconnected, between a CONNACK without a session
+    /// and the SUBACK (when the broker drops requests), and while a round trip is over the bound.
     pub receiving: watch::Receiver<bool>,
+    /// While the broker's round trip is over its bound: how long the slow probe took (or has
+    /// been outstanding when it is not back yet).
+    pub slow_round_trip: watch::Receiver<Option<Duration>>,
     /// Counts sessions: a new value means publishes of the previous one may be lost.
     pub sessions: watch::Receiver<u64>,
     /// Asks the task to say DISCONNECT and end; told when it has.
@@ -154,7 +163,9 @@ pub fn start(config: &BrokerConfig, requests: RequestSink, metrics: FrontEndMetr
     let capacity = 2 * usize::from(config.inflight) + 64;
     let (client, eventloop) = AsyncClient::new(options, capacity);
     let (outbound_tx, outbound_rx) = mpsc::unbounded_channel();
+    let (subscribed_tx, subscribed) = watch::channel(false);
     let (receiving_tx, receiving) = watch::channel(false);
+    let (slow_tx, slow_round_trip) = watch::channel(None);
     let (sessions_tx, sessions) = watch::channel(0);
     let (stop_tx, stop_rx) = mpsc::unbounded_channel();
     let task = ConnectionTask {
@@ -162,8 +173,8 @@ pub fn start(config: &BrokerConfig, requests: RequestSink, metrics: FrontEndMetr
         client,
         outbound: outbound_rx,
         requests,
-        metrics,
-        receiving: receiving_tx,
+        metrics: metrics.clone(),
+        subscribed: subscribed_tx,
         sessions: sessions_tx,
         window: usize::from(config.inflight),
         awaiting_id: VecDeque::new(),
@@ -180,7 +191,114 @@ pub fn start(config: &BrokerConfig, requests: RequestSink, metrics: FrontEndMetr
         stopping: None,
     };
     tokio::spawn(task.run());
-    Ok(Connection { outbound: outbound_tx, receiving, sessions, stop: stop_tx })
+    let probe = Probe {
+        outbound: outbound_tx.downgrade(),
+        topic: probe_topic(&config.client_id),
+        bound: config.round_trip_bound,
+        metrics,
+    };
+    tokio::spawn(follow_receiving(subscribed.clone(), slow_round_trip.clone(), receiving_tx));
+    tokio::spawn(probe.run(subscribed, slow_tx));
+    Ok(Connection { outbound: outbound_tx, receiving, slow_round_trip, sessions, stop: stop_tx })
+}
+
+/// How often a node times the broker's round trip.
+pub const PROBE_EVERY: Duration = Duration::from_millis(250);
+
+/// Where a node's round-trip probes go: under the store's notification prefix, which a node
+/// publishes to anyway, and beside the clients' topics (those are upper-case hex, never `probe`).
+/// Nobody subscribes to it: the broker acknowledges a probe and drops it.
+pub fn probe_topic(client_id: &str) -> String {
+    format!("{NOTIFICATION_PREFIX}/probe/{}", hex_upper(client_id.as_bytes()))
+}
+
+/// Times the broker's round trip, one probe at a time, and tells [`Connection::receiving`].
+struct Probe {
+    /// Does not keep the connection task alive: it ends once the [`Connection`] is dropped.
+    outbound: mpsc::WeakUnboundedSender<Queued>,
+    topic: String,
+    bound: Duration,
+    metrics: FrontEndMetrics,
+}
+
+impl Probe {
+    /// Probes while `subscribed` (connected with the request subscription granted); `slow` holds
+    /// how long the slow probe took while one is over the bound. Ends with the connection task.
+    async fn run(self, mut subscribed: watch::Receiver<bool>, slow: watch::Sender<Option<Duration>>) {
+        let tell = |slow_for: Option<Duration>| {
+            slow.send_if_modified(|was| std::mem::replace(was, slow_for) != slow_for);
+        };
+        loop {
+            if !*subscribed.borrow_and_update() {
+                // Not connected: nothing to time, and the connection's loss says it already.
+                tell(None);
+                if subscribed.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            let (delivery, mut delivered) = oneshot::channel();
+            let probe = Outbound {
+                topic: self.topic.clone(),
+                payload: Bytes::new(),
+                properties: PublishProperties::default(),
+                delivery: Some(delivery),
+            };
+            let Some(outbound) = self.outbound.upgrade() else { return };
+            if outbound.send(Queued::Publish(probe)).is_err() {
+                return;
+            }
+            drop(outbound);
+            let sent = Instant::now();
+            let outcome = match tokio::time::timeout(self.bound, &mut delivered).await {
+                Ok(outcome) => outcome,
+                Err(_) => {
+                    tracing::warn!(
+                        bound_ms = self.bound.as_millis() as u64,
+                        "the broker has not acknowledged a round-trip probe within the bound: requests do not \
+                         reach this node in time"
+                    );
+                    tell(Some(sent.elapsed()));
+                    delivered.await
+                }
+            };
+            let took = sent.elapsed();
+            match outcome {
+                // The connection task has ended: the node is stopping.
+                Err(_) => return,
+                // The connection dropped before the PUBACK: its loss is told by `subscribed`.
+                Ok(Delivery::Unknown) => tell(None),
+                Ok(_) => {
+                    self.metrics.broker_round_trip.set(took.as_secs_f64());
+                    let over = (took > self.bound).then_some(took);
+                    if over.is_none() && slow.borrow().is_some() {
+                        tracing::info!(
+                            round_trip_ms = took.as_millis() as u64,
+                            "the broker's round trip is within the bound again"
+                        );
+                    }
+                    tell(over);
+                }
+            }
+            tokio::time::sleep(PROBE_EVERY).await;
+        }
+    }
+}
+
+/// Keeps `receiving` true while `subscribed` is and `slow` is not, until either ends.
+async fn follow_receiving(
+    mut subscribed: watch::Receiver<bool>,
+    mut slow: watch::Receiver<Option<Duration>>,
+    receiving: watch::Sender<bool>,
+) {
+    loop {
+        let now = *subscribed.borrow_and_update() && slow.borrow_and_update().is_none();
+        receiving.send_if_modified(|was| std::mem::replace(was, now) != now);
+        tokio::select! {
+            changed = subscribed.changed() => if changed.is_err() { return },
+            changed = slow.changed() => if changed.is_err() { return },
+        }
+    }
 }
 
 fn mqtt_options(config: &BrokerConfig) -> anyhow::Result<MqttOptions> {
@@ -244,7 +362,8 @@ struct ConnectionTask {
     outbound: mpsc::UnboundedReceiver<Queued>,
     requests: RequestSink,
     metrics: FrontEndMetrics,
-    receiving: watch::Sender<bool>,
+    /// True while connected with the request subscription granted.
+    subscribed: watch::Sender<bool>,
     sessions: watch::Sender<u64>,
     /// At most this many of our publishes handed to rumqttc and not yet given a packet id.
     window: usize,
@@ -461,7 +580,7 @@ impl ConnectionTask {
                     self.subscription.answered = None;
                 }
                 self.sessions.send_modify(|n| *n += 1);
-                self.tell_receiving();
+                self.tell_subscribed();
                 self.metrics.broker_connected.set(1);
                 tracing::info!(session_present = connack.session_present, "connected to the broker");
             }
@@ -508,7 +627,7 @@ impl ConnectionTask {
                         tracing::error!(?codes, "the broker refused the request subscription");
                     }
                 }
-                self.tell_receiving();
+                self.tell_subscribed();
             }
             Event::Incoming(Packet::Disconnect(disconnect)) => {
                 tracing::warn!(reason = ?disconnect.reason_code, "the broker disconnected us");
@@ -524,10 +643,10 @@ impl ConnectionTask {
         }
     }
 
-    /// Tells [`Connection::receiving`] whether requests reach this node now.
-    fn tell_receiving(&self) {
-        let receiving = self.is_connected && self.subscription.answered.is_some();
-        self.receiving.send_if_modified(|was| std::mem::replace(was, receiving) != receiving);
+    /// Tells the [`Probe`] whether the broker sends requests to this node now.
+    fn tell_subscribed(&self) {
+        let subscribed = self.is_connected && self.subscription.answered.is_some();
+        self.subscribed.send_if_modified(|was| std::mem::replace(was, subscribed) != subscribed);
     }
 
     fn on_error(&mut self, error: &rumqttc::v5::ConnectionError) {
@@ -549,7 +668,7 @@ impl ConnectionTask {
         for (_, delivery) in self.awaiting_ack.drain() {
             let _ = delivery.send(Delivery::Unknown);
         }
-        self.tell_receiving();
+        self.tell_subscribed();
         self.metrics.broker_connected.set(0);
         self.metrics.broker_reconnects.inc();
         tracing::warn!(%error, "lost the broker connection");

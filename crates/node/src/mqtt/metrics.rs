@@ -1,7 +1,7 @@
 //! Metrics of the MQTT front end, registered in the node's registry.
 
 use prometheus::{
-    exponential_buckets, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    exponential_buckets, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
 
 #[derive(Clone)]
@@ -17,6 +17,8 @@ pub struct FrontEndMetrics {
     pub notifications_failed: IntCounter,
     pub broker_connected: IntGauge,
     pub broker_reconnects: IntCounter,
+    /// The broker's round trip to this node: its last probe, or the one outstanding for longer.
+    pub broker_round_trip: Gauge,
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: T) -> prometheus::Result<T> {
@@ -76,6 +78,13 @@ impl FrontEndMetrics {
             )?,
             broker_connected: gauge("statestore_broker_connected", "1 while connected to the MQTT broker")?,
             broker_reconnects: counter("statestore_broker_reconnects_total", "Times the broker connection was lost")?,
+            broker_round_trip: register(
+                registry,
+                Gauge::new(
+                    "statestore_broker_round_trip_seconds",
+                    "How long the broker took to acknowledge this node's last round-trip probe",
+                )?,
+            )?,
         })
     }
 }

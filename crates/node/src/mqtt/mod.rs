@@ -133,7 +133,7 @@ impl FrontEnd {
         let metrics = FrontEndMetrics::register(&node.metrics.registry)?;
         let (dispatch_tx, dispatch_rx) = mpsc::unbounded_channel();
         let connection = connection::start(config, request_sink(&dispatch_tx), metrics.clone())?;
-        node.follow_broker(connection.receiving.clone());
+        node.follow_broker(connection.receiving.clone(), connection.slow_round_trip.clone());
         let sessions = connection.sessions.clone();
         let channels = (dispatch_tx, dispatch_rx);
         let policy = ClientPolicy { inflight: usize::from(config.client_inflight), access: config.access.clone() };

@@ -19,7 +19,10 @@
 //! - `clock`: a follower is restarted with its wall clock 30 s ahead for 6 s, then restarted
 //!   with the true time;
 //! - `clock-leader`: the leader's wall clock jumps 30 s ahead or 90 s behind (beyond the 60 s a
-//!   request's timestamp may lead) while it runs, and back after 6 s.
+//!   request's timestamp may lead) while it runs, and back after 6 s;
+//! - `slow-leader`: every byte to and from the leader's peers is held 200–1,000 ms (more than
+//!   the lease) for 4 s, in order, as over a congested link: nothing is lost, all of it is late;
+//! - `slow-broker`: the same for the leader's link to the broker.
 //!
 //! Every node runs under libfaketime (Debian `faketime`), which reads the node's clock offset
 //! from a file the suite rewrites (again every second).
@@ -83,10 +86,12 @@ enum Fault {
     Disk,
     Clock,
     ClockLeader,
+    SlowLeader,
+    SlowBroker,
 }
 
 impl Fault {
-    const ALL: [Fault; 9] = [
+    const ALL: [Fault; 11] = [
         Fault::Kill,
         Fault::KillAll,
         Fault::Pause,
@@ -96,6 +101,8 @@ impl Fault {
         Fault::Disk,
         Fault::Clock,
         Fault::ClockLeader,
+        Fault::SlowLeader,
+        Fault::SlowBroker,
     ];
 
     fn name(self) -> &'static str {
@@ -109,6 +116,8 @@ impl Fault {
             Fault::Disk => "disk",
             Fault::Clock => "clock",
             Fault::ClockLeader => "clock-leader",
+            Fault::SlowLeader => "slow-leader",
+            Fault::SlowBroker => "slow-broker",
         }
     }
 }
@@ -248,6 +257,26 @@ impl Rig {
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 self.broker_links[&leader].heal();
                 format!("node {leader} (leader) cut off from the broker for 3 s")
+            }
+            Fault::SlowLeader => {
+                let delay = Duration::from_millis(fastrand::u64(200..=1_000));
+                self.links.slow_down(leader, delay);
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                self.links.slow_down(leader, Duration::ZERO);
+                format!(
+                    "node {leader} (leader): every byte to and from its peers held {} ms for 4 s",
+                    delay.as_millis()
+                )
+            }
+            Fault::SlowBroker => {
+                let delay = Duration::from_millis(fastrand::u64(200..=1_000));
+                self.broker_links[&leader].slow(delay);
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                self.broker_links[&leader].slow(Duration::ZERO);
+                format!(
+                    "node {leader} (leader): every byte to and from the broker held {} ms for 4 s",
+                    delay.as_millis()
+                )
             }
             Fault::Disk => {
                 let stall = self.disks.stall(leader);
