@@ -178,7 +178,8 @@ pub struct Args {
     /// Longest round trip to the broker, in milliseconds, at which requests still count as
     /// reaching this node: a node whose probes take longer is not ready, does not stand for
     /// election and, leading, hands leadership to a node whose broker answers in time, as one
-    /// without its broker does. Default 2000.
+    /// without its broker does. 0 sends no probes (for a broker that refuses publishes to the
+    /// probe topic by disconnecting). Default 2000.
     #[arg(long, env = "STATESTORE_BROKER_ROUND_TRIP_BOUND_MS")]
     pub broker_round_trip_bound_ms: Option<u64>,
     /// A TOML file mapping MQTT client ids (the `clients/<id>/` of their response topics) to the
@@ -268,7 +269,8 @@ pub struct BrokerConfig {
     pub max_packet_size: u32,
     /// QoS of a follower's request subscription (0 or 1); the leader's is always 1.
     pub follower_qos: u8,
-    /// Longest broker round trip at which requests still count as reaching this node.
+    /// Longest broker round trip at which requests still count as reaching this node; zero:
+    /// no probes.
     pub round_trip_bound: Duration,
     /// Which keys each client may use; `None`: every key.
     pub access: Option<KeyAccess>,
@@ -560,8 +562,8 @@ fn broker_config(id: NodeId, args: &Args) -> Result<Option<BrokerConfig>, Config
         return error("--broker-keep-alive-secs must be at least 5".into());
     }
     let round_trip_bound_ms = args.broker_round_trip_bound_ms.unwrap_or(2000);
-    if round_trip_bound_ms < 100 {
-        return error("--broker-round-trip-bound-ms must be at least 100".into());
+    if (1..100).contains(&round_trip_bound_ms) {
+        return error("--broker-round-trip-bound-ms must be 0 (no probes) or at least 100".into());
     }
     Ok(Some(BrokerConfig {
         host: host.to_string(),
@@ -744,6 +746,8 @@ mod tests {
         let bound =
             NodeConfig::from_args(args(&["--id", "1", "--broker", "h:1", "--broker-round-trip-bound-ms", "500"]));
         assert_eq!(bound.unwrap().broker.unwrap().round_trip_bound, Duration::from_millis(500));
+        let off = NodeConfig::from_args(args(&["--id", "1", "--broker", "h:1", "--broker-round-trip-bound-ms", "0"]));
+        assert_eq!(off.unwrap().broker.unwrap().round_trip_bound, Duration::ZERO);
         let qos1 = NodeConfig::from_args(args(&["--id", "1", "--broker", "h:1", "--broker-follower-qos", "1"]));
         assert_eq!(qos1.unwrap().broker.unwrap().follower_qos, 1);
         let named = NodeConfig::from_args(args(&[

@@ -198,7 +198,10 @@ pub fn start(config: &BrokerConfig, requests: RequestSink, metrics: FrontEndMetr
         metrics,
     };
     tokio::spawn(follow_receiving(subscribed.clone(), slow_round_trip.clone(), receiving_tx));
-    tokio::spawn(probe.run(subscribed, slow_tx));
+    // Without probes `slow_round_trip` stays `None`.
+    if !probe.bound.is_zero() {
+        tokio::spawn(probe.run(subscribed, slow_tx));
+    }
     Ok(Connection { outbound: outbound_tx, receiving, slow_round_trip, sessions, stop: stop_tx })
 }
 
@@ -285,18 +288,20 @@ impl Probe {
     }
 }
 
-/// Keeps `receiving` true while `subscribed` is and `slow` is not, until either ends.
+/// Keeps `receiving` true while `subscribed` is and `slow` is not, until `subscribed` ends (`slow`
+/// ends first when nothing probes: it then stays as it was).
 async fn follow_receiving(
     mut subscribed: watch::Receiver<bool>,
     mut slow: watch::Receiver<Option<Duration>>,
     receiving: watch::Sender<bool>,
 ) {
+    let mut probed = true;
     loop {
         let now = *subscribed.borrow_and_update() && slow.borrow_and_update().is_none();
         receiving.send_if_modified(|was| std::mem::replace(was, now) != now);
         tokio::select! {
             changed = subscribed.changed() => if changed.is_err() { return },
-            changed = slow.changed() => if changed.is_err() { return },
+            changed = slow.changed(), if probed => probed = changed.is_ok(),
         }
     }
 }
