@@ -290,15 +290,21 @@ async fn batcher(
     }
 }
 
-/// Whether this node may propose or serve reads now, as far as clocks go: a leader whose clock
-/// disagrees with most voters' may not (an entry would carry its clock into every replica's
-/// state machine; a read would find values lapsed early or late), nor at `reading`, a time it
-/// stamped or read its clock at just before; one that does not know enough voters' clocks yet
-/// waits for them, up to [`CLOCK_WAIT`].
+/// Whether this node may propose now, as far as clocks go: a leader whose clock disagrees with
+/// most voters' may not (an entry would carry its clock into every replica's state machine), nor
+/// at `reading`, a time it stamped on an entry just before. A node that no longer leads may: its
+/// proposal fails on its own.
 async fn clock_allows(raft: &Raft, check: &ClockCheck, reading: Option<u64>) -> Result<(), String> {
     if raft.metrics().borrow().state != openraft::ServerState::Leader {
         return Ok(());
     }
+    clock_agrees(check, reading).await
+}
+
+/// Whether this node's clock, and `reading` (a time it read its clock at or stamped just
+/// before), agree with most voters' clocks, whatever its role; one that does not know enough
+/// voters' clocks yet waits for them, up to [`CLOCK_WAIT`].
+async fn clock_agrees(check: &ClockCheck, reading: Option<u64>) -> Result<(), String> {
     let deadline = Instant::now() + CLOCK_WAIT;
     loop {
         let verdict = match check.verdict() {
@@ -386,8 +392,11 @@ async fn reader_task(
         }
         let mut confirmed = ensure_linearizable(&raft).await;
         let now = now_ms();
+        // Judged whatever the role is now: a leader whose clock jumped loses its leadership for
+        // it, maybe between the confirmation and this check, and must not then serve these
+        // reads by the clock that cost it (a value set with `PX` found lapsed at once).
         if let (Ok(()), Some(check)) = (&confirmed, &clock_check) {
-            confirmed = clock_allows(&raft, check, Some(now)).await.map_err(ExecuteError::Unavailable);
+            confirmed = clock_agrees(check, Some(now)).await.map_err(ExecuteError::Unavailable);
         }
         for (request, answer) in waiting {
             let outcome = confirmed.clone().and_then(|()| match reader.read(&request, now) {
