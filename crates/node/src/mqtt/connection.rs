@@ -215,7 +215,7 @@ pub fn probe_topic(client_id: &str) -> String {
     format!("{NOTIFICATION_PREFIX}/probe/{}", hex_upper(client_id.as_bytes()))
 }
 
-/// Times the broker's round trip, one probe at a time, and tells [`Connection::receiving`].
+/// Times the broker's round trip, one probe at a time, for [`Connection::slow_round_trip`].
 struct Probe {
     /// Does not keep the connection task alive: it ends once the [`Connection`] is dropped.
     outbound: mpsc::WeakUnboundedSender<Queued>,
@@ -261,8 +261,16 @@ impl Probe {
                         "the broker has not acknowledged a round-trip probe within the bound: requests do not \
                          reach this node in time"
                     );
-                    tell(Some(sent.elapsed()));
-                    delivered.await
+                    // Until it is back (or the connection drops), say how long it has been out.
+                    loop {
+                        let out_for = sent.elapsed();
+                        self.metrics.broker_round_trip.set(out_for.as_secs_f64());
+                        tell(Some(out_for));
+                        tokio::select! {
+                            outcome = &mut delivered => break outcome,
+                            _ = tokio::time::sleep(PROBE_EVERY) => {}
+                        }
+                    }
                 }
             };
             let took = sent.elapsed();
