@@ -11,6 +11,8 @@
 #   partition  cut a follower, then the leader, off from their peers under load (cluster)
 #   snapshot   fill --to N keys, then latency under an open loop (--rate) while every node builds
 #              a snapshot and a restarted follower installs one (cluster)
+#   scorecard  all of the above in one run (about 50 minutes), then every target of the project
+#              beside its figure: met, missed or not measured (scorecard.csv)
 #
 # Common options: --targets echo,cluster,etcd,nats  --out DIR  --nodes-binary PATH  --keys N
 # --value-size BYTES  --message-expiry SECS  --timeout SECS  --time-limit SECS.
@@ -24,10 +26,10 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/statestore-target}"
 
 mode=sweep
 case "${1:-}" in
-  sweep | rate | fill | sustained | partition | snapshot) mode="$1"; shift ;;
-  -h | --help | help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  sweep | rate | fill | sustained | partition | snapshot | scorecard) mode="$1"; shift ;;
+  -h | --help | help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   "" | -*) ;;
-  *) echo "compare.sh: unknown mode $1 (sweep, rate, fill, sustained, partition, snapshot)" >&2; exit 2 ;;
+  *) echo "compare.sh: unknown mode $1 (sweep, rate, fill, sustained, partition, snapshot, scorecard)" >&2; exit 2 ;;
 esac
 
 if [[ "${COMPARE_SKIP_BUILD:-0}" != 1 ]]; then

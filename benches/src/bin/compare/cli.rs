@@ -99,6 +99,15 @@ pub enum Mode {
         #[arg(long, default_value_t = 20)]
         phase_secs: u64,
     },
+    /// Every target of the project in one run: a sweep in rounds (echo, cluster, etcd), the open
+    /// loop at half of peak, fills, a sustained run, snapshots and partitions of the cluster;
+    /// then each target's figure beside its limit, met or missed (`scorecard.csv`).
+    Scorecard {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        options: ScorecardOptions,
+    },
     /// Internal: the echo target's responders (started by the benchmark itself).
     #[command(hide = true)]
     EchoResponder {
@@ -109,11 +118,41 @@ pub enum Mode {
     },
 }
 
+/// The settings of the scorecard's steps.
+#[derive(Debug, Args)]
+pub struct ScorecardOptions {
+    /// Rounds of the sweep and of the fill (medians across rounds are judged).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    pub rounds: u64,
+    /// Seconds measured per in-flight level of the sweep, and of the open loop.
+    #[arg(long, default_value_t = 10)]
+    pub secs: u64,
+    /// Seconds of load before each of those measurements.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: u64,
+    /// Distinct keys each fill writes.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub fill_to: u64,
+    /// Minutes of the sustained run (16 in flight).
+    #[arg(long, default_value_t = 10)]
+    pub minutes: u64,
+    /// Distinct keys written before the snapshots are built and installed.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub snapshot_to: u64,
+    /// Length of the quiet phases around the snapshots.
+    #[arg(long, default_value_t = 20)]
+    pub snapshot_phase_secs: u64,
+    /// Length of each of the partition run's five phases (16 in flight).
+    #[arg(long, default_value_t = 10)]
+    pub partition_phase_secs: u64,
+}
+
 /// Options of every mode.
 #[derive(Debug, Args)]
 pub struct Common {
     /// Targets to measure, one after another (default: echo,cluster,etcd,nats; fill, partition
-    /// and snapshot: cluster).
+    /// and snapshot: cluster; scorecard: echo,cluster,etcd, its fills, sustained run, snapshots
+    /// and partitions on the cluster alone).
     #[arg(long, value_delimiter = ',')]
     pub targets: Option<Vec<TargetKind>>,
     /// Output directory (default benches/results/<UTC time>-<mode>).
@@ -154,6 +193,7 @@ impl Mode {
             Mode::Sustained { .. } => "sustained",
             Mode::Partition { .. } => "partition",
             Mode::Snapshot { .. } => "snapshot",
+            Mode::Scorecard { .. } => "scorecard",
             Mode::EchoResponder { .. } => "echo-responder",
         }
     }
@@ -165,7 +205,8 @@ impl Mode {
             | Mode::Fill { common, .. }
             | Mode::Sustained { common, .. }
             | Mode::Partition { common, .. }
-            | Mode::Snapshot { common, .. } => Some(common),
+            | Mode::Snapshot { common, .. }
+            | Mode::Scorecard { common, .. } => Some(common),
             Mode::EchoResponder { .. } => None,
         }
     }
@@ -174,6 +215,7 @@ impl Mode {
     pub fn default_targets(&self) -> Vec<TargetKind> {
         match self {
             Mode::Fill { .. } | Mode::Partition { .. } | Mode::Snapshot { .. } => vec![TargetKind::Cluster],
+            Mode::Scorecard { .. } => vec![TargetKind::Echo, TargetKind::Cluster, TargetKind::Etcd],
             _ => TargetKind::ALL.to_vec(),
         }
     }
@@ -194,6 +236,16 @@ impl Mode {
             Mode::Partition { phase_secs, .. } => START + 5 * phase_secs + timeout,
             // The fill at a pessimistic 200 writes per second, four phases, three snapshots.
             Mode::Snapshot { to, phase_secs, .. } => START + to / 200 + 4 * phase_secs + 3 * 300 + timeout,
+            Mode::Scorecard { options: o, .. } => {
+                // The sweep over every target; the quick peaks and the open loop on two; the
+                // rest on the cluster alone.
+                o.rounds * targets * (START + 4 * (o.warmup + o.secs + timeout))
+                    + 2 * (2 * START + 4 + 2 * timeout + o.warmup + o.secs)
+                    + o.rounds * (START + o.fill_to / 200 + 300)
+                    + (START + o.minutes * 60 + timeout)
+                    + (START + o.snapshot_to / 200 + 4 * o.snapshot_phase_secs + 3 * 300 + timeout)
+                    + (START + 5 * o.partition_phase_secs + timeout)
+            }
             Mode::EchoResponder { .. } => 0,
         }
     }

@@ -5,7 +5,8 @@
 //! builds and runs it; docs/benchmarks.md describes the modes and the output.
 //!
 //! # Layout
-//! - [`cli`]: options; [`modes`]: sweep, rate, fill, sustained, partition.
+//! - [`cli`]: options; [`modes`]: sweep, rate, fill, sustained, partition, snapshot, and the
+//!   scorecard, which runs them all and judges every target.
 //! - [`targets`]: starting and stopping a target: [`broker`] (Mosquitto), [`echo`] (the echo
 //!   responders), [`cluster`] (three `statestore` nodes), [`etcd`], [`nats`]; [`proxy`] cuts
 //!   node links.
@@ -115,6 +116,9 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
         common.value_size,
         match mode {
             Mode::Fill { .. } => "distinct keys".to_string(),
+            Mode::Scorecard { .. } => {
+                format!("{} random keys; the fills and snapshots of distinct keys", report::ops(common.keys as f64))
+            }
             Mode::Snapshot { to, .. } => format!("{} distinct keys, then random ones", report::ops(to as f64)),
             _ => format!("{} random keys", report::ops(common.keys as f64)),
         },
@@ -141,23 +145,29 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
         match &mode {
             Mode::Sweep { levels, secs, warmup, rounds, .. } => {
                 let (warmup, length) = (Duration::from_secs(*warmup), Duration::from_secs(*secs));
-                modes::sweep(&mut run, levels, warmup, length, *rounds as usize).await
+                modes::sweep(&mut run, levels, warmup, length, *rounds as usize).await.map(drop)
             }
             Mode::Rate { rate, secs, warmup, .. } => {
-                modes::rate(&mut run, *rate, Duration::from_secs(*warmup), Duration::from_secs(*secs)).await
+                let (warmup, length) = (Duration::from_secs(*warmup), Duration::from_secs(*secs));
+                modes::rate(&mut run, *rate, warmup, length).await.map(drop)
             }
             Mode::Fill { to, inflight, step, rounds, .. } => {
                 let step = step.unwrap_or((*to / 10).clamp(1, 100_000));
                 let plan = modes::FillPlan { to: *to, inflight: (*inflight).max(1), step: step.max(1) };
-                modes::fill(&mut run, plan, *rounds as usize).await
+                modes::fill(&mut run, plan, *rounds as usize).await.map(drop)
             }
-            Mode::Sustained { minutes, inflight, .. } => modes::sustained(&mut run, *minutes, (*inflight).max(1)).await,
+            Mode::Sustained { minutes, inflight, .. } => {
+                modes::sustained(&mut run, *minutes, (*inflight).max(1)).await.map(drop)
+            }
             Mode::Partition { phase_secs, inflight, .. } => {
-                modes::partition(&mut run, Duration::from_secs((*phase_secs).max(1)), (*inflight).max(1)).await
+                let phase = Duration::from_secs((*phase_secs).max(1));
+                modes::partition(&mut run, phase, (*inflight).max(1)).await.map(drop)
             }
             Mode::Snapshot { to, rate, phase_secs, .. } => {
-                modes::snapshot(&mut run, (*to).max(1), rate.max(1.0), Duration::from_secs((*phase_secs).max(1))).await
+                let phase = Duration::from_secs((*phase_secs).max(1));
+                modes::snapshot(&mut run, (*to).max(1), rate.max(1.0), phase).await.map(drop)
             }
+            Mode::Scorecard { options, .. } => modes::scorecard(&mut run, scorecard_plan(options)).await,
             Mode::EchoResponder { .. } => Ok(()),
         }
     };
@@ -172,6 +182,20 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
     }
     run.finish()?;
     outcome
+}
+
+fn scorecard_plan(options: &cli::ScorecardOptions) -> modes::ScorecardPlan {
+    let secs = |secs: u64| Duration::from_secs(secs.max(1));
+    modes::ScorecardPlan {
+        rounds: options.rounds as usize,
+        warmup: Duration::from_secs(options.warmup),
+        length: secs(options.secs),
+        fill_to: options.fill_to.max(1),
+        minutes: options.minutes.max(1),
+        snapshot_to: options.snapshot_to.max(1),
+        snapshot_phase: secs(options.snapshot_phase_secs),
+        partition_phase: secs(options.partition_phase_secs),
+    }
 }
 
 /// The targets to measure, in the order given, without repeats; etcd and nats are left out (and
@@ -191,6 +215,9 @@ fn choose_targets(mode: &Mode) -> anyhow::Result<Vec<TargetKind>> {
     }
     if targets.is_empty() {
         bail!("no target to measure");
+    }
+    if matches!(mode, Mode::Scorecard { .. }) && !targets.contains(&TargetKind::Cluster) {
+        bail!("scorecard mode judges the cluster: --targets must include cluster");
     }
     if matches!(mode, Mode::Partition { .. } | Mode::Snapshot { .. }) && targets != [TargetKind::Cluster] {
         bail!("{} mode measures the cluster only (--targets cluster)", mode.name());

@@ -5,15 +5,23 @@ use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// A text table with right-aligned columns (the first one left-aligned).
+/// A text table with right-aligned columns (the first one left-aligned, and the last one too
+/// when it holds text rather than figures).
 pub struct Table {
     headers: Vec<String>,
     rows: Vec<Vec<String>>,
+    last_left: bool,
 }
 
 impl Table {
     pub fn new<S: AsRef<str>>(headers: &[S]) -> Table {
-        Table { headers: headers.iter().map(|h| h.as_ref().to_string()).collect(), rows: Vec::new() }
+        Table { headers: headers.iter().map(|h| h.as_ref().to_string()).collect(), rows: Vec::new(), last_left: false }
+    }
+
+    /// Aligns the last column to the left.
+    pub fn text_last(mut self) -> Table {
+        self.last_left = true;
+        self
     }
 
     pub fn row(&mut self, cells: Vec<String>) {
@@ -31,18 +39,17 @@ impl Table {
         };
         let widths: Vec<usize> = (0..columns).map(width).collect();
         let line = |cells: &[String]| {
-            let text: Vec<String> =
-                cells
-                    .iter()
-                    .enumerate()
-                    .map(|(c, cell)| {
-                        if c == 0 {
-                            format!("{cell:<w$}", w = widths[c])
-                        } else {
-                            format!("{cell:>w$}", w = widths[c])
-                        }
-                    })
-                    .collect();
+            let text: Vec<String> = cells
+                .iter()
+                .enumerate()
+                .map(|(c, cell)| {
+                    if c == 0 || (self.last_left && c + 1 == columns) {
+                        format!("{cell:<w$}", w = widths[c])
+                    } else {
+                        format!("{cell:>w$}", w = widths[c])
+                    }
+                })
+                .collect();
             text.join("  ").trim_end().to_string() + "\n"
         };
         let mut out = line(&self.headers);
@@ -169,6 +176,10 @@ mod tests {
         table.row(vec!["cluster".into(), ops(12345.6)]);
         table.row(vec!["echo".into(), ops(987.0)]);
         assert_eq!(table.render(), "target    ops/s\ncluster  12,346\necho        987\n");
+        let mut notes = Table::new(&["target", "ops/s", "note"]).text_last();
+        notes.row(vec!["cluster".into(), "1".into(), "a longer note".into()]);
+        notes.row(vec!["echo".into(), "22".into(), "short".into()]);
+        assert_eq!(notes.render(), "target   ops/s  note\ncluster      1  a longer note\necho        22  short\n");
         assert_eq!(ops(f64::NAN), "-");
         assert_eq!(ops(1_000_000.0), "1,000,000");
         assert_eq!(decimal(1.234), "1.23");

@@ -59,7 +59,36 @@ pub struct Plan {
     pub step: u64,
 }
 
-pub async fn fill(run: &mut Run, plan: Plan, rounds: usize) -> anyhow::Result<()> {
+/// What the scorecard judges of the cluster's fills.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FillFigures {
+    /// The last step's rate over the first step's, median across rounds.
+    pub last_to_first: Option<f64>,
+    /// The longest time a restarted follower took to be ready, after `kill -9` or SIGTERM.
+    pub slowest_ready_s: Option<f64>,
+    /// The largest RSS of any node after a fill, in MiB.
+    pub largest_rss_mib: Option<f64>,
+}
+
+impl FillFigures {
+    fn of(steps: &[Step], endings: &[Ending], rounds: usize) -> FillFigures {
+        let kind = TargetKind::Cluster;
+        let ratios = (1..=rounds).filter_map(|round| {
+            Steadiness::of(steps.iter().filter(|s| s.kind == kind && s.round == round)).map(|s| s.last_to_first())
+        });
+        let endings = || endings.iter().filter(|e| e.kind == kind);
+        FillFigures {
+            last_to_first: median(ratios),
+            slowest_ready_s: endings()
+                .filter_map(|e| e.restart.as_ref())
+                .map(|r| r.crashed_ready.max(r.ready).as_secs_f64())
+                .max_by(f64::total_cmp),
+            largest_rss_mib: endings().flat_map(|e| e.rss.iter().filter_map(|(_, rss)| *rss)).max_by(f64::total_cmp),
+        }
+    }
+}
+
+pub async fn fill(run: &mut Run, plan: Plan, rounds: usize) -> anyhow::Result<FillFigures> {
     let Plan { to, inflight, .. } = plan;
     let mut steps = Vec::new();
     let mut endings = Vec::new();
@@ -76,7 +105,8 @@ pub async fn fill(run: &mut Run, plan: Plan, rounds: usize) -> anyhow::Result<()
             }
         }
     }
-    report(run, to, rounds, &steps, &endings)
+    report(run, to, rounds, &steps, &endings)?;
+    Ok(FillFigures::of(&steps, &endings, rounds))
 }
 
 async fn fill_target(
@@ -347,5 +377,37 @@ mod tests {
         assert!(lines[0].contains("last / first 0.90; slowest step / first 0.70"), "{}", lines[0]);
         assert!(lines[1].contains("last / first 1.10"), "{}", lines[1]);
         assert_eq!(lines[3], "cluster: last / first, median of 3 rounds 0.90 (0.90, 1.10, 0.70)");
+
+        let restarts = |crashed: u64, ready: u64| Restarts {
+            name: "node2".into(),
+            crashed_ready: Duration::from_millis(crashed),
+            stop: Duration::from_millis(100),
+            ready: Duration::from_millis(ready),
+        };
+        let endings = [
+            Ending {
+                round: 1,
+                kind: Cluster,
+                rss: vec![("node1".into(), Some(120.0)), ("node2".into(), None)],
+                restart: Some(restarts(700, 500)),
+            },
+            Ending {
+                round: 2,
+                kind: Cluster,
+                rss: vec![("node1".into(), Some(140.5))],
+                restart: Some(restarts(400, 900)),
+            },
+            Ending {
+                round: 1,
+                kind: Etcd,
+                rss: vec![("etcd1".into(), Some(900.0))],
+                restart: Some(restarts(9000, 9000)),
+            },
+        ];
+        let figures = FillFigures::of(&steps, &endings, 3);
+        assert_eq!(figures.last_to_first, Some(0.9), "the cluster's rounds only");
+        assert_eq!(figures.slowest_ready_s, Some(0.9), "the slower of either restart, the cluster's only");
+        assert_eq!(figures.largest_rss_mib, Some(140.5));
+        assert_eq!(FillFigures::of(&[], &[], 1), FillFigures::default());
     }
 }

@@ -4,6 +4,7 @@
 mod fill;
 mod partition;
 mod rate;
+mod scorecard;
 mod snapshot;
 mod sustained;
 mod sweep;
@@ -12,12 +13,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use fill::{fill, Plan as FillPlan};
-pub use partition::partition;
-pub use rate::rate;
-pub use snapshot::snapshot;
-pub use sustained::sustained;
-pub use sweep::sweep;
+pub use fill::{fill, FillFigures, Plan as FillPlan};
+pub use partition::{partition, PartitionFigures};
+pub use rate::{rate, RateFigures};
+pub use scorecard::{scorecard, Plan as ScorecardPlan};
+pub use snapshot::{snapshot, SnapshotFigures};
+pub use sustained::{sustained, SustainedFigures};
+pub use sweep::{sweep, SweepFigures};
 
 use crate::load::LoadHandle;
 use crate::processes::CpuSample;

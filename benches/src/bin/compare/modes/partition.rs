@@ -29,7 +29,16 @@ struct Cut {
     leader_after: Option<u64>,
 }
 
-pub async fn partition(run: &mut Run, phase: Duration, inflight: usize) -> anyhow::Result<()> {
+/// What the scorecard judges of the partition run: the longest time without any answer from each
+/// cut to the next cut (or the end), in seconds, and the errors of the whole run.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PartitionFigures {
+    pub follower_cut_s: Option<f64>,
+    pub leader_cut_s: Option<f64>,
+    pub errors: u64,
+}
+
+pub async fn partition(run: &mut Run, phase: Duration, inflight: usize) -> anyhow::Result<PartitionFigures> {
     crate::cluster::check_binary(&run.setup.nodes_binary, Some("--peer-routes"))?;
     run.progress.line(&format!(
         "cluster: starting with partitionable links, {inflight} in flight, phases of {} s",
@@ -143,7 +152,13 @@ fn phase_of(second: f64, cuts: &[Cut]) -> String {
     phase
 }
 
-fn report(run: &mut Run, phase: Duration, inflight: usize, recording: &Recording, cuts: &[Cut]) -> anyhow::Result<()> {
+fn report(
+    run: &mut Run,
+    phase: Duration,
+    inflight: usize,
+    recording: &Recording,
+    cuts: &[Cut],
+) -> anyhow::Result<PartitionFigures> {
     let mut answers = recording.answer_times.clone().unwrap_or_default();
     answers.sort_by(f64::total_cmp);
     let end = (phase * PHASES).as_secs_f64();
@@ -219,5 +234,14 @@ fn report(run: &mut Run, phase: Duration, inflight: usize, recording: &Recording
         dots: false,
     };
     std::fs::write(run.out.join("partition.svg"), svg::render(&[chart]))?;
-    Ok(())
+    let silence = |role: &str| {
+        let n = cuts.iter().position(|c| c.role == role)?;
+        let next = cuts.get(n + 1).map_or(end, |c| c.at);
+        Some(longest_silence(&answers, cuts[n].at, next))
+    };
+    Ok(PartitionFigures {
+        follower_cut_s: silence("follower"),
+        leader_cut_s: silence("leader"),
+        errors: recording.errors,
+    })
 }

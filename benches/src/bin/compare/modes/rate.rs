@@ -16,7 +16,20 @@ const PEAK_INFLIGHT: usize = 64;
 const PEAK_WARMUP: Duration = Duration::from_secs(1);
 const PEAK_LENGTH: Duration = Duration::from_secs(3);
 
-pub async fn rate(run: &mut Run, rate: Option<f64>, warmup: Duration, length: Duration) -> anyhow::Result<()> {
+/// What the scorecard judges of an open loop: the rate, and each target's p99 at it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RateFigures {
+    pub rate: f64,
+    pub p99_ms: Vec<(TargetKind, f64)>,
+}
+
+impl RateFigures {
+    pub fn p99_of(&self, kind: TargetKind) -> Option<f64> {
+        self.p99_ms.iter().find(|(k, _)| *k == kind).map(|(_, p99)| *p99)
+    }
+}
+
+pub async fn rate(run: &mut Run, rate: Option<f64>, warmup: Duration, length: Duration) -> anyhow::Result<RateFigures> {
     let workload = Arc::new(Workload::random_keys(run.keys, run.value_size));
     let rate = match rate {
         Some(rate) => rate,
@@ -49,7 +62,8 @@ pub async fn rate(run: &mut Run, rate: Option<f64>, warmup: Duration, length: Du
             Err(error) => run.failed(kind, error),
         }
     }
-    report(run, rate, &rows)
+    report(run, rate, &rows)?;
+    Ok(RateFigures { rate, p99_ms: rows.iter().map(|(kind, m)| (*kind, m.latency.p99)).collect() })
 }
 
 async fn peak(run: &mut Run, kind: TargetKind, workload: &Arc<Workload>) -> anyhow::Result<f64> {

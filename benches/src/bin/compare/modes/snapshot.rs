@@ -108,7 +108,15 @@ fn pressure_full_us(text: &str) -> Option<f64> {
     line.split(' ').find_map(|field| field.strip_prefix("total="))?.parse().ok()
 }
 
-pub async fn snapshot(run: &mut Run, to: u64, rate: f64, phase: Duration) -> anyhow::Result<()> {
+/// What the scorecard judges of the snapshot run: how much longer the longest wait was than the
+/// baseline's while every node built a snapshot, and while a new node installed one, in ms.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SnapshotFigures {
+    pub build_extra_ms: Option<f64>,
+    pub install_extra_ms: Option<f64>,
+}
+
+pub async fn snapshot(run: &mut Run, to: u64, rate: f64, phase: Duration) -> anyhow::Result<SnapshotFigures> {
     crate::cluster::check_binary(&run.setup.nodes_binary, Some("--snapshot-log-bytes"))?;
     run.progress.line(&format!(
         "cluster: starting; fill to {} keys, then {} ops/s with phases of {} s",
@@ -299,7 +307,13 @@ fn answers_in<'a>(recording: &'a Recording, window: &'a Window) -> impl Iterator
     times.iter().zip(waits).map(|(at, wait)| (*at, *wait)).filter(|(at, _)| *at >= window.from && *at < window.to)
 }
 
-fn report(run: &mut Run, to: u64, rate: f64, recording: &Recording, windows: &[Window]) -> anyhow::Result<()> {
+fn report(
+    run: &mut Run,
+    to: u64,
+    rate: f64,
+    recording: &Recording,
+    windows: &[Window],
+) -> anyhow::Result<SnapshotFigures> {
     let measured: Vec<(&Window, Latencies, f64)> = windows
         .iter()
         .map(|w| {
@@ -450,7 +464,13 @@ fn report(run: &mut Run, to: u64, rate: f64, recording: &Recording, windows: &[W
         dots: false,
     };
     std::fs::write(run.out.join("snapshot.svg"), svg::render(&[chart]))?;
-    Ok(())
+    let extra = |name: &str| {
+        measured
+            .iter()
+            .find(|(w, latencies, _)| w.name == name && latencies.count() > 0)
+            .map(|(_, _, longest)| longest - baseline_longest)
+    };
+    Ok(SnapshotFigures { build_extra_ms: extra("build"), install_extra_ms: extra("install") })
 }
 
 #[cfg(test)]

@@ -14,12 +14,33 @@ use crate::targets::{Target, TargetKind};
 
 const WARMUP: Duration = Duration::from_secs(2);
 
-pub async fn sustained(run: &mut Run, minutes: u64, inflight: usize) -> anyhow::Result<()> {
+/// What the scorecard judges of the cluster's sustained run.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SustainedFigures {
+    /// The last minute's ops/s over the first minute's.
+    pub last_to_first: Option<f64>,
+    /// The highest p99.9 of any minute, in ms.
+    pub worst_p999_ms: Option<f64>,
+}
+
+impl SustainedFigures {
+    fn of(by_minute: &[(f64, Percentiles, u64)]) -> SustainedFigures {
+        let (Some(first), Some(last)) = (by_minute.first(), by_minute.last()) else {
+            return SustainedFigures::default();
+        };
+        SustainedFigures {
+            last_to_first: (first.0 > 0.0).then(|| last.0 / first.0),
+            worst_p999_ms: by_minute.iter().map(|(_, p, _)| p.p999).max_by(f64::total_cmp),
+        }
+    }
+}
+
+pub async fn sustained(run: &mut Run, length_minutes: u64, inflight: usize) -> anyhow::Result<SustainedFigures> {
     let workload = Arc::new(Workload::random_keys(run.keys, run.value_size));
-    let length = Duration::from_secs(minutes.max(1) * 60);
+    let length = Duration::from_secs(length_minutes.max(1) * 60);
     let mut results = Vec::new();
     for kind in run.targets.clone() {
-        run.progress.line(&format!("{kind}: starting, {minutes} min at {inflight} in flight"));
+        run.progress.line(&format!("{kind}: starting, {length_minutes} min at {inflight} in flight"));
         let measured = async {
             let mut target = Target::start(kind, &run.setup, inflight, false).await?;
             measure_closed(run, &mut target, &workload, inflight, WARMUP, length).await
@@ -30,7 +51,9 @@ pub async fn sustained(run: &mut Run, minutes: u64, inflight: usize) -> anyhow::
             Err(error) => run.failed(kind, error),
         }
     }
-    report(run, inflight, &results)
+    report(run, inflight, &results)?;
+    let cluster = results.iter().find(|(kind, _)| *kind == TargetKind::Cluster);
+    Ok(cluster.map(|(_, measured)| SustainedFigures::of(&minutes(measured))).unwrap_or_default())
 }
 
 /// Per minute: answers per second and the latency percentiles.
@@ -164,4 +187,22 @@ fn report(run: &mut Run, inflight: usize, results: &[(TargetKind, Measured)]) ->
     };
     std::fs::write(run.out.join("sustained.svg"), svg::render(&[chart]))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn minute(ops: f64, p999: f64) -> (f64, Percentiles, u64) {
+        (ops, Percentiles { p50: 1.0, p99: 5.0, p999 }, 0)
+    }
+
+    #[test]
+    fn the_last_minute_is_set_against_the_first_and_the_worst_minute_tail_is_kept() {
+        let figures = SustainedFigures::of(&[minute(4000.0, 12.0), minute(3000.0, 140.0), minute(3800.0, 20.0)]);
+        assert_eq!(figures.last_to_first, Some(0.95));
+        assert_eq!(figures.worst_p999_ms, Some(140.0));
+        assert_eq!(SustainedFigures::of(&[]), SustainedFigures::default());
+        assert_eq!(SustainedFigures::of(&[minute(0.0, 1.0)]).last_to_first, None, "no answers in the first minute");
+    }
 }

@@ -60,13 +60,29 @@ struct Point {
     p99: f64,
 }
 
+/// What the scorecard judges of a sweep: the cluster's medians across rounds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SweepFigures {
+    /// The cluster's ops/s over etcd's at 64 in flight.
+    pub over_etcd: Option<f64>,
+    /// The cluster's ops/s over the echo responder's at 64 in flight.
+    pub over_echo: Option<f64>,
+    /// The cluster's p99 at 256 in flight over its p99 at 64.
+    pub tail: Option<f64>,
+    /// The fewest requests per leader fsync of any round at 64 in flight.
+    pub fewest_per_fsync: Option<f64>,
+    /// The cluster's errors and elections over every level and round.
+    pub errors: u64,
+    pub elections: u64,
+}
+
 pub async fn sweep(
     run: &mut Run,
     levels: &[usize],
     warmup: Duration,
     length: Duration,
     rounds: usize,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<SweepFigures> {
     let workload = Arc::new(Workload::random_keys(run.keys, run.value_size));
     let mut rows = Vec::new();
     for round in 1..=rounds {
@@ -183,7 +199,25 @@ fn decimal3(value: Option<f64>) -> String {
     value.map_or_else(|| "-".into(), |v| format!("{v:.3}"))
 }
 
-fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyhow::Result<()> {
+/// The figures of `rows` the scorecard judges (rounds 1 to `rounds`).
+fn figures(rows: &[Row], rounds: usize) -> SweepFigures {
+    let points: Vec<Point> = rows.iter().map(Row::point).collect();
+    let median_over = |other| median((1..=rounds).filter_map(|round| ops_ratio(&points, round, other, 64)));
+    let cluster = || rows.iter().filter(|row| row.kind == TargetKind::Cluster);
+    SweepFigures {
+        over_etcd: median_over(TargetKind::Etcd),
+        over_echo: median_over(TargetKind::Echo),
+        tail: median((1..=rounds).filter_map(|round| tail_ratio(&points, round))),
+        fewest_per_fsync: cluster()
+            .filter(|row| row.inflight == 64)
+            .filter_map(|row| row.measured.requests_per_fsync)
+            .min_by(f64::total_cmp),
+        errors: cluster().map(|row| row.measured.errors).sum(),
+        elections: cluster().filter_map(|row| row.measured.elections).sum(),
+    }
+}
+
+fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyhow::Result<SweepFigures> {
     let mut headers = vec![
         "target",
         "in flight",
@@ -279,7 +313,7 @@ fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyho
     run.say(format!("cluster p99 at 256 in flight / p99 at 64: {tail}"));
 
     std::fs::write(run.out.join("sweep.svg"), chart(levels, &medians_per_level(&points)))?;
-    Ok(())
+    Ok(figures(rows, rounds))
 }
 
 /// Ops/s and p99 against the in-flight level (levels evenly spaced), one line per target.
