@@ -66,7 +66,7 @@ pub struct FillFigures {
     pub last_to_first: Option<f64>,
     /// The longest time a restarted follower took to be ready, after `kill -9` or SIGTERM.
     pub slowest_ready_s: Option<f64>,
-    /// The largest RSS of any node after a fill, in MiB.
+    /// The largest RSS of any node after a fill (not the broker's), in MiB.
     pub largest_rss_mib: Option<f64>,
 }
 
@@ -83,7 +83,9 @@ impl FillFigures {
                 .filter_map(|e| e.restart.as_ref())
                 .map(|r| r.crashed_ready.max(r.ready).as_secs_f64())
                 .max_by(f64::total_cmp),
-            largest_rss_mib: endings().flat_map(|e| e.rss.iter().filter_map(|(_, rss)| *rss)).max_by(f64::total_cmp),
+            largest_rss_mib: endings()
+                .flat_map(|e| e.rss.iter().filter(|(name, _)| name.starts_with("node")).filter_map(|(_, rss)| *rss))
+                .max_by(f64::total_cmp),
         }
     }
 }
@@ -394,7 +396,7 @@ mod tests {
             Ending {
                 round: 2,
                 kind: Cluster,
-                rss: vec![("node1".into(), Some(140.5))],
+                rss: vec![("node1".into(), Some(140.5)), ("broker".into(), Some(500.0))],
                 restart: Some(restarts(400, 900)),
             },
             Ending {
@@ -407,7 +409,7 @@ mod tests {
         let figures = FillFigures::of(&steps, &endings, 3);
         assert_eq!(figures.last_to_first, Some(0.9), "the cluster's rounds only");
         assert_eq!(figures.slowest_ready_s, Some(0.9), "the slower of either restart, the cluster's only");
-        assert_eq!(figures.largest_rss_mib, Some(140.5));
+        assert_eq!(figures.largest_rss_mib, Some(140.5), "the nodes', not the broker's");
         assert_eq!(FillFigures::of(&[], &[], 1), FillFigures::default());
     }
 }
