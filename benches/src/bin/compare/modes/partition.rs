@@ -175,9 +175,13 @@ fn report(
         "errors",
         "leader after",
     ]);
+    // The longest time without any answer from each cut to the next cut (or the end).
+    let mut silences = Vec::with_capacity(cuts.len());
     for (n, cut) in cuts.iter().enumerate() {
         let next = cuts.get(n + 1).map_or(end, |c| c.at);
         let healed = if cut.healed.is_nan() { next } else { cut.healed };
+        let silence = longest_silence(&answers, cut.at, next);
+        silences.push(silence);
         let errors: u64 = recording
             .seconds
             .iter()
@@ -189,7 +193,7 @@ fn report(
             format!("{} node{}", cut.role, cut.node),
             format!("{:.1}", cut.at),
             format!("{healed:.1}"),
-            format!("{:.3}", longest_silence(&answers, cut.at, next)),
+            format!("{silence:.3}"),
             format!("{:.3}", longest_silence(&answers, cut.at, healed)),
             format!("{:.3}", longest_silence(&answers, healed, next)),
             errors.to_string(),
@@ -234,11 +238,7 @@ fn report(
         dots: false,
     };
     std::fs::write(run.out.join("partition.svg"), svg::render(&[chart]))?;
-    let silence = |role: &str| {
-        let n = cuts.iter().position(|c| c.role == role)?;
-        let next = cuts.get(n + 1).map_or(end, |c| c.at);
-        Some(longest_silence(&answers, cuts[n].at, next))
-    };
+    let silence = |role: &str| cuts.iter().position(|c| c.role == role).map(|n| silences[n]);
     Ok(PartitionFigures {
         follower_cut_s: silence("follower"),
         leader_cut_s: silence("leader"),

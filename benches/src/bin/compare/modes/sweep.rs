@@ -199,15 +199,14 @@ fn decimal3(value: Option<f64>) -> String {
     value.map_or_else(|| "-".into(), |v| format!("{v:.3}"))
 }
 
-/// The figures of `rows` the scorecard judges (rounds 1 to `rounds`).
-fn figures(rows: &[Row], rounds: usize) -> SweepFigures {
-    let points: Vec<Point> = rows.iter().map(Row::point).collect();
-    let median_over = |other| median((1..=rounds).filter_map(|round| ops_ratio(&points, round, other, 64)));
+/// The figures of `rows` (and their `points`) the scorecard judges (rounds 1 to `rounds`).
+fn figures(rows: &[Row], points: &[Point], rounds: usize) -> SweepFigures {
+    let median_over = |other| median((1..=rounds).filter_map(|round| ops_ratio(points, round, other, 64)));
     let cluster = || rows.iter().filter(|row| row.kind == TargetKind::Cluster);
     SweepFigures {
         over_etcd: median_over(TargetKind::Etcd),
         over_echo: median_over(TargetKind::Echo),
-        tail: median((1..=rounds).filter_map(|round| tail_ratio(&points, round))),
+        tail: median((1..=rounds).filter_map(|round| tail_ratio(points, round))),
         fewest_per_fsync: cluster()
             .filter(|row| row.inflight == 64)
             .filter_map(|row| row.measured.requests_per_fsync)
@@ -313,7 +312,7 @@ fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyho
     run.say(format!("cluster p99 at 256 in flight / p99 at 64: {tail}"));
 
     std::fs::write(run.out.join("sweep.svg"), chart(levels, &medians_per_level(&points)))?;
-    Ok(figures(rows, rounds))
+    Ok(figures(rows, &points, rounds))
 }
 
 /// Ops/s and p99 against the in-flight level (levels evenly spaced), one line per target.
