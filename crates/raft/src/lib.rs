@@ -28,6 +28,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod append_stream;
+mod background;
 pub mod clocks;
 pub mod damage;
 pub mod db;

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use statestore_statemachine::Table;
 
+use crate::background::write_out;
 use crate::dedup_retention;
 use crate::types::SnapshotMeta;
 use crate::wire::{decode, encode};
@@ -323,23 +324,6 @@ impl PacedFile {
             std::thread::sleep(early);
         }
     }
-}
-
-/// Writes out the dirty pages of `file` in `len` bytes from `from` (to its end if `len` is 0)
-/// and waits for them, committing nothing to the file system's journal (`sync_file_range`); on
-/// a file system without it, syncs the file's data instead.
-pub fn write_out(file: &fs::File, from: u64, len: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-    // SAFETY: the descriptor is open for as long as `file` is; no memory is passed.
-    if unsafe { libc::sync_file_range(file.as_raw_fd(), from as libc::off64_t, len as libc::off64_t, flags) } != 0 {
-        let error = io::Error::last_os_error();
-        if error.raw_os_error() != Some(libc::ENOSYS) && error.raw_os_error() != Some(libc::EINVAL) {
-            return Err(error);
-        }
-        file.sync_data()?;
-    }
-    Ok(())
 }
 
 impl Write for PacedFile {

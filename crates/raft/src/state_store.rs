@@ -28,14 +28,13 @@ use statestore_protocol::backup::{BackupEnd, BackupKey, BackupWriter};
 use statestore_statemachine::{dedup, meta, KeyRecord, Operation, Overlay, StateMachine, StorageRead, Table};
 use tokio::sync::broadcast;
 
+use crate::background::{lower_priority, write_out};
 use crate::damage::{DamageReport, Damaged};
 use crate::db::{self, add_to, cf, synced, AppliedOnDisk, Tables, ViewTables, WithDedup};
 use crate::dedup_retention::{DedupHorizon, DedupIndex};
 use crate::identity::IdentityMemo;
 use crate::metrics::StorageMetrics;
-use crate::snapshot::{
-    verify, write_out, PacedFile, RecordReader, SnapshotDir, SnapshotError, SnapshotWriter, WRITE_OUT_EVERY,
-};
+use crate::snapshot::{verify, PacedFile, RecordReader, SnapshotDir, SnapshotError, SnapshotWriter, WRITE_OUT_EVERY};
 use crate::types::{
     ApplyResult, LogEntry, LogId, RaftStorageError, Snapshot, SnapshotMeta, StoredMembership, TypeConfig,
 };
@@ -373,19 +372,6 @@ fn check_kept(path: &Path, damage: &DamageReport) {
         Err(SnapshotError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => tracing::warn!(snapshot = %path.display(), error = %e, "could not check the kept snapshot"),
         Ok(_) => {}
-    }
-}
-
-/// Lowers the calling thread's CPU (nice 19) and I/O (best effort, level 7) priority. On Linux
-/// both are per thread. Failing to lower them changes nothing else.
-fn lower_priority() {
-    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
-    const IOPRIO_BEST_EFFORT_LOWEST: libc::c_long = (2 << 13) | 7;
-    // SAFETY: both calls only change the scheduling attributes of the calling thread (its tid).
-    unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19);
-        libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, tid as libc::c_long, IOPRIO_BEST_EFFORT_LOWEST);
     }
 }
 
