@@ -139,7 +139,7 @@ impl Spare {
         let target = path.clone();
         let written = std::thread::Builder::new().name("log-spare".into()).spawn(move || {
             crate::background::lower_priority();
-            write_zeros(&target, SEGMENT_BYTES)
+            write_spare(&target, SEGMENT_BYTES)
         })?;
         Ok(Spare { path, written })
     }
@@ -152,33 +152,22 @@ impl Spare {
         }
         let Spare { path, written } = spare.take()?;
         match written.join() {
-            Ok(Ok(())) => Some(path),
+            Ok(Ok(())) => return Some(path),
             Ok(Err(error)) => {
-                tracing::warn!(path = %path.display(), %error, "could not write the Raft log's next segment ahead");
-                let _ = std::fs::remove_file(&path);
-                None
+                tracing::warn!(path = %path.display(), %error, "could not write the Raft log's next segment ahead")
             }
-            Err(_) => {
-                let _ = std::fs::remove_file(&path);
-                None
-            }
+            Err(_) => tracing::warn!(path = %path.display(), "the thread writing the Raft log's next segment panicked"),
         }
+        let _ = std::fs::remove_file(&path);
+        None
     }
 }
 
-/// Writes a new file at `path` of `len` zeros, a MiB at a time, each written out before the
-/// next, and syncs it.
-fn write_zeros(path: &Path, len: u64) -> io::Result<()> {
-    const CHUNK: u64 = 1 << 20;
+/// Writes a new file at `path` of `len` zeros, each MiB written out before the next, and syncs
+/// it.
+fn write_spare(path: &Path, len: u64) -> io::Result<()> {
     let file = OpenOptions::new().write(true).create_new(true).open(path)?;
-    let zeros = vec![0u8; CHUNK as usize];
-    let mut at = 0;
-    while at < len {
-        let n = CHUNK.min(len - at);
-        file.write_all_at(&zeros[..n as usize], at)?;
-        crate::background::write_out(&file, at, n)?;
-        at += n;
-    }
+    write_zeros(&file, 0, len, |at, n| crate::background::write_out(&file, at, n))?;
     file.sync_all()
 }
 
@@ -302,13 +291,25 @@ fn written_end(file: &File, len: u64) -> io::Result<u64> {
 
 /// Writes zeros over `start..end` of `file`.
 fn zero(file: &SegmentFile, start: u64, end: u64) -> Result<(), LogFileError> {
+    write_zeros(&file.file, start, end, |_, _| Ok(())).map_err(io_error(&file.path))
+}
+
+/// Writes zeros over `start..end` of `file` a MiB at a time, calling `after_each(at, len)` after
+/// each MiB is written.
+fn write_zeros(
+    file: &File,
+    start: u64,
+    end: u64,
+    mut after_each: impl FnMut(u64, u64) -> io::Result<()>,
+) -> io::Result<()> {
     const CHUNK: u64 = 1 << 20;
     let zeros = vec![0u8; CHUNK.min(end.saturating_sub(start)) as usize];
     let mut at = start;
     while at < end {
-        let n = CHUNK.min(end - at) as usize;
-        file.file.write_all_at(&zeros[..n], at).map_err(io_error(&file.path))?;
-        at += n as u64;
+        let n = CHUNK.min(end - at);
+        file.write_all_at(&zeros[..n as usize], at)?;
+        after_each(at, n)?;
+        at += n;
     }
     Ok(())
 }
