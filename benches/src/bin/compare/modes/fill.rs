@@ -45,6 +45,9 @@ struct Restarts {
     name: String,
     /// From its start to ready after `kill -9`.
     crashed_ready: Duration,
+    /// Its peak resident memory (VmHWM) from that start to ready, in MiB: opening its log and
+    /// storage, and applying what its log holds past the last flush.
+    crashed_peak_rss_mib: Option<f64>,
     /// Its time to exit after SIGTERM.
     stop: Duration,
     /// From its start to ready after that stop.
@@ -190,16 +193,18 @@ async fn restart_a_follower(run: &mut Run, target: &mut Target) -> anyhow::Resul
         let name = format!("node{}", cluster.id(follower));
         run.progress.line(&format!("{kind}: restarting follower {name} after kill -9, then after SIGTERM"));
         let crashed_ready = cluster.crash_restart(follower).await?;
+        let crashed_peak_rss_mib = crate::processes::peak_rss_mib(cluster.processes()[follower].1);
         let (stop, ready) = cluster.restart(follower).await?;
-        Some(Restarts { name, crashed_ready, stop, ready })
+        Some(Restarts { name, crashed_ready, crashed_peak_rss_mib, stop, ready })
     } else if let Some(etcd) = &mut target.etcd {
         let leader = etcd.leader().await.unwrap_or(0);
         let follower = (leader + 1) % etcd.processes().len();
         let name = etcd.processes()[follower].0.clone();
         run.progress.line(&format!("{kind}: restarting follower {name} after kill -9, then after SIGTERM"));
         let crashed_ready = etcd.crash_restart(follower).await?;
+        let crashed_peak_rss_mib = crate::processes::peak_rss_mib(etcd.processes()[follower].1);
         let (stop, ready) = etcd.restart(follower).await?;
-        Some(Restarts { name, crashed_ready, stop, ready })
+        Some(Restarts { name, crashed_ready, crashed_peak_rss_mib, stop, ready })
     } else {
         None
     };
@@ -254,11 +259,12 @@ fn report(run: &mut Run, to: u64, rounds: usize, steps: &[Step], endings: &[Endi
         }
         if let Some(restart) = &ending.restart {
             run.say(format!(
-                "{} (round {round}): restarts of follower {}: ready {:.2} s after its start following kill -9; \
-                 exited {:.2} s after SIGTERM, ready {:.2} s after its start",
+                "{} (round {round}): restarts of follower {}: ready {:.2} s after its start following kill -9 \
+                 (peak RSS by then {:.1} MiB); exited {:.2} s after SIGTERM, ready {:.2} s after its start",
                 ending.kind,
                 restart.name,
                 restart.crashed_ready.as_secs_f64(),
+                restart.crashed_peak_rss_mib.unwrap_or(f64::NAN),
                 restart.stop.as_secs_f64(),
                 restart.ready.as_secs_f64()
             ));
@@ -383,6 +389,7 @@ mod tests {
         let restarts = |crashed: u64, ready: u64| Restarts {
             name: "node2".into(),
             crashed_ready: Duration::from_millis(crashed),
+            crashed_peak_rss_mib: Some(90.0),
             stop: Duration::from_millis(100),
             ready: Duration::from_millis(ready),
         };
