@@ -228,7 +228,7 @@ impl<'a> Window<'a> {
     fn bytes(&mut self, from: u64, to: u64) -> io::Result<&[u8]> {
         let held = from >= self.start && to <= self.start + self.bytes.len() as u64;
         if !held {
-            let until = to.max(from.saturating_add(WINDOW)).min(self.capacity).max(to);
+            let until = from.saturating_add(WINDOW).min(self.capacity).max(to);
             self.bytes.clear();
             self.bytes.resize((until - from) as usize, 0);
             let read_until = until.min(self.written);
@@ -307,7 +307,7 @@ fn has_unwritten_sector(record: &[u8], start: u64, end: u64) -> bool {
     let mut sector = (start / sector_bytes + 1) * sector_bytes;
     while sector < end {
         let from = (sector - start) as usize;
-        if record[from..(from + SECTOR).min(record.len())].iter().all(|&b| b == 0) {
+        if is_zeros(&record[from..(from + SECTOR).min(record.len())]) {
             return true;
         }
         sector += sector_bytes;
@@ -470,7 +470,7 @@ impl LogFiles {
         let mut torn = false;
         while at + HEADER as u64 <= capacity {
             let header = window.bytes(at, at + HEADER as u64).map_err(io_error(path))?;
-            if header.iter().all(|&b| b == 0) {
+            if is_zeros(header) {
                 break;
             }
             let (len, crc, index) = decode_header(header);
