@@ -11,7 +11,7 @@
 #   partition  cut a follower, then the leader, off from their peers under load (cluster)
 #   snapshot   fill --to N keys, then latency under an open loop (--rate) while every node builds
 #              a snapshot and a restarted follower installs one (cluster)
-#   scorecard  all of the above in one run (about 50 minutes), then every target of the project
+#   scorecard  all of the above in one run (about 30 minutes), then every target of the project
 #              beside its figure: met, missed or not measured (scorecard.csv)
 #
 # Common options: --targets echo,cluster,etcd,nats  --out DIR  --nodes-binary PATH  --keys N
