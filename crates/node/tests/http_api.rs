@@ -6,7 +6,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{metric, Cluster, DEADLINE};
+use common::{barrage, metric, Cluster, DEADLINE};
 use serde_json::{json, Value};
 use statestore_protocol::Response;
 
@@ -425,4 +425,102 @@ async fn a_follower_refuses_to_forward_a_command_over_the_body_limit() {
     assert_eq!(body["code"], "too_large", "{body}");
     assert!(body["message"].as_str().unwrap().contains("16777216"), "{body}");
     assert_eq!(cluster.status(leader).await.unwrap()["last_log_index"].as_u64().unwrap(), last);
+}
+
+/// The barrage of `tests/mqtt.rs` through `/v1/command` instead of the broker: 3,000 mutated
+/// payloads ([`barrage::mutated_payload`]) to all three nodes (the followers forward to the
+/// leader), some of them local reads, with `statestore-ts`, `statestore-ft` and
+/// `statestore-client-id` broken, missing or 4 kB long. Each is answered 200 with a well-formed
+/// reply, or 400 with a JSON error that names its code: no other status, no hang, no node
+/// stopped; the three nodes then hold the same keys, values and versions.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_barrage_of_mutated_commands_over_http_is_answered_and_the_nodes_agree() {
+    use futures::StreamExt;
+    use statestore_api::routes::{CLIENT_ID_HEADER, FENCING_TOKEN_HEADER, TIMESTAMP_HEADER};
+
+    let mut cluster = Cluster::start(3, &[]).await;
+    cluster.wait_ready().await;
+    let seed = barrage::seed();
+    let mut dice = fastrand::Rng::with_seed(seed);
+    let keys = barrage::keys();
+    let requests: Vec<_> = (0..3000)
+        .map(|_| {
+            let payload = barrage::mutated_payload(&mut dice, &keys);
+            let mut headers = vec![(TIMESTAMP_HEADER, common::timestamp())];
+            match dice.u8(..16) {
+                0 => headers.clear(),
+                1 => headers[0].1 = ["", "0", "1:2:3:4", "18446744073709551616:0:x", "-1:0:x"][dice.usize(..5)].into(),
+                2 => headers.push((FENCING_TOKEN_HEADER, ["", "x", "1:0:", "0:0:holder"][dice.usize(..4)].into())),
+                3 => headers.push((CLIENT_ID_HEADER, "c".repeat(dice.usize(..4000)))),
+                4 => headers.push((TIMESTAMP_HEADER, common::timestamp())),
+                _ => {}
+            }
+            let query = if dice.u8(..5) == 0 { "?consistency=local" } else { "" };
+            (dice.u64(1..=3), payload, headers, query)
+        })
+        .collect();
+
+    let answers = futures::stream::iter(requests.iter().enumerate())
+        .map(|(n, (node, payload, headers, query))| {
+            let mut request =
+                cluster.http.post(format!("{}/v1/command{query}", cluster.url(*node))).body(payload.clone());
+            for (name, value) in headers {
+                request = request.header(*name, value);
+            }
+            async move {
+                let answer = tokio::time::timeout(Duration::from_secs(20), async {
+                    let response = request.send().await.map_err(|e| e.to_string())?;
+                    let status = response.status().as_u16();
+                    Ok::<_, String>((status, response.bytes().await.map_err(|e| e.to_string())?))
+                })
+                .await;
+                (n, answer)
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    let mut kinds = std::collections::BTreeMap::<String, usize>::new();
+    for (n, answer) in answers {
+        let (node, payload, headers, query) = &requests[n];
+        let shown = String::from_utf8_lossy(&payload[..payload.len().min(120)]).into_owned();
+        let asked = format!("seed {seed}: request {n} to node {node}{query} ({shown:?}, {headers:?})");
+        let (status, body) = match answer {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(error)) => panic!("{asked}: {error}\n{}", cluster.logs()),
+            Err(_) => panic!("{asked}: no answer within 20 s\n{}", cluster.logs()),
+        };
+        let kind = match status {
+            200 => barrage::reply_kind(&Response::decode(&body).unwrap_or_else(|_| panic!("{asked}: 200 {body:?}"))),
+            400 => {
+                let error: Value = serde_json::from_slice(&body).unwrap_or_else(|_| panic!("{asked}: 400 {body:?}"));
+                format!("400 {}", error["code"].as_str().unwrap_or_else(|| panic!("{asked}: 400 without a code")))
+            }
+            other => panic!("{asked}: answered {other} {}", String::from_utf8_lossy(&body)),
+        };
+        *kinds.entry(kind).or_default() += 1;
+    }
+    println!("answers by kind: {kinds:#?}");
+    assert!(kinds.len() >= 8, "seed {seed}: the barrage reached only {kinds:?}");
+
+    barrage::assert_nodes_serving(&mut cluster, seed).await;
+    let leader = cluster.wait_leader().await;
+    let after = cluster.set(cluster.nodes.keys().copied().find(|&id| id != leader).unwrap(), "barrage-after", "served");
+    assert_eq!(after.await.expect("a SET through a follower").response, Response::Ok, "seed {seed}");
+    barrage::assert_nodes_agree(&cluster, seed, b"barrage-after").await;
+}
+
+/// `?consistency=local` is for reads: a write that carries it, sent to a follower, is carried to
+/// the leader like any other write, not refused there with 421.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_asking_for_local_consistency_is_carried_to_the_leader() {
+    let cluster = Cluster::start(3, &[]).await;
+    cluster.wait_ready().await;
+    let leader = cluster.wait_leader().await;
+    let follower = cluster.nodes.keys().copied().find(|&id| id != leader).unwrap();
+    let set = statestore_protocol::Set::new("local-write", "carried").encode();
+    let answer = cluster.command(follower, set, Some(&common::timestamp()), "?consistency=local").await;
+    assert_eq!(answer.expect("the write is carried to the leader").response, Response::Ok);
+    let read = cluster.get(leader, "local-write").await.unwrap();
+    assert_eq!(read.response, Response::Value(b"carried".to_vec()));
 }

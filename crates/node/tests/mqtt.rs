@@ -7,17 +7,18 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::barrage;
 use common::broker::Broker;
 use common::gate::{Gate, PeerLinks};
 use common::mqtt::RawClient;
 use common::suback_hold::SubackHold;
 use common::tap::{Seen, Tap};
-use common::{elections_started, metric, now_ms, timestamp, Answer, Cluster};
+use common::{elections_started, metric, now_ms, timestamp, Cluster};
 use futures::StreamExt;
 use rumqttc::v5::mqttbytes::v5::PublishProperties;
 use rumqttc::v5::mqttbytes::QoS;
 use statestore_protocol::topic::{hex_upper, NOTIFICATION_PREFIX, REQUEST_TOPIC};
-use statestore_protocol::{encode_bulk_array, Get, Hlc, KeyNotify, Response, Scan, Set};
+use statestore_protocol::{encode_bulk_array, Get, Hlc, KeyNotify, Response, Set};
 
 const NO_ANSWER: Duration = Duration::from_millis(1500);
 
@@ -798,57 +799,11 @@ async fn a_redelivered_request_is_applied_once_even_across_a_leader_kill() {
     let _ = Bytes::new();
 }
 
-/// One request of the barrage: a mutated payload and mutated properties, keeping what makes a
-/// request answerable (QoS 1, a response topic, correlation data, a message expiry).
+/// One request of the barrage: a mutated payload ([`barrage::mutated_payload`]) and mutated
+/// properties, keeping what makes a request answerable (QoS 1, a response topic, correlation
+/// data, a message expiry).
 fn barrage_request(dice: &mut fastrand::Rng, client: &RawClient, keys: &[Vec<u8>]) -> (Vec<u8>, PublishProperties) {
-    let key = keys[dice.usize(..keys.len())].as_slice();
-    let seeds: [Vec<u8>; 11] = [
-        encode_bulk_array(&[&b"SET"[..], key, b"value"]),
-        encode_bulk_array(&[&b"SET"[..], key, b"value", b"NX"]),
-        encode_bulk_array(&[&b"SET"[..], key, b"other", b"NEX"]),
-        encode_bulk_array(&[&b"SET"[..], key, b"value", b"PX", b"5000"]),
-        encode_bulk_array(&[&b"GET"[..], key]),
-        encode_bulk_array(&[&b"DEL"[..], key]),
-        encode_bulk_array(&[&b"VDEL"[..], key, b"value"]),
-        encode_bulk_array(&[&b"KEYNOTIFY"[..], key]),
-        encode_bulk_array(&[&b"KEYNOTIFY"[..], key, b"STOP"]),
-        encode_bulk_array(&[&b"SCAN"[..], b"barrage*"]),
-        encode_bulk_array(&[&b"SCAN"[..], b"*", b"not-a-token"]),
-    ];
-    let mut payload = seeds[dice.usize(..seeds.len())].clone();
-    match dice.u8(..14) {
-        0..=4 => {}
-        5 => {
-            for _ in 0..dice.usize(1..5) {
-                let at = dice.usize(..payload.len());
-                payload[at] = dice.u8(..);
-            }
-        }
-        6 => payload.truncate(dice.usize(..payload.len())),
-        7 => {
-            let at = dice.usize(..=payload.len());
-            let junk: Vec<u8> = (0..dice.usize(1..32)).map(|_| dice.u8(..)).collect();
-            payload.splice(at..at, junk);
-        }
-        8 => {
-            // A length far beyond the payload, or beyond any integer.
-            let huge: &[u8] = [&b"4294967296"[..], b"99999999999999999999999", b"-2", b"0"][dice.usize(..4)];
-            if let Some(at) = payload.iter().rposition(|&b| b == b'$') {
-                let end = at + 1 + payload[at + 1..].iter().position(|&b| b == b'\r').unwrap_or(0);
-                payload.splice(at + 1..end, huge.iter().copied());
-            }
-        }
-        9 => {
-            let count: &[u8] = [&b"2147483647"[..], b"0", b"-1", b"100000"][dice.usize(..4)];
-            let end = payload.iter().position(|&b| b == b'\r').unwrap_or(1);
-            payload.splice(1..end, count.iter().copied());
-        }
-        10 => payload = [b"*1\r\n".repeat(dice.usize(1..2000)), payload].concat(),
-        11 => payload = payload.repeat(2),
-        12 => payload = (0..dice.usize(..64)).map(|_| dice.u8(..)).collect(),
-        _ => payload = encode_bulk_array(&[&b"SET"[..], key, &vec![b'v'; dice.usize(..100_000)]]),
-    }
-
+    let payload = barrage::mutated_payload(dice, keys);
     let mut properties = client.properties(&timestamp());
     let user = &mut properties.user_properties;
     match dice.u8(..20) {
@@ -875,34 +830,6 @@ fn set_user(user: &mut Vec<(String, String)>, name: &str, value: &str) {
     user.push((name.into(), value.into()));
 }
 
-/// Every key on node `id`, from its own applied state.
-async fn local_keys(cluster: &Cluster, id: u64) -> Vec<Vec<u8>> {
-    let mut keys = Vec::new();
-    let mut token = None;
-    loop {
-        let scan = Scan { pattern: b"*".to_vec(), token: token.take() };
-        let answer = cluster.command(id, scan.encode(), None, "?consistency=local").await.expect("a local SCAN");
-        let Response::Keys { keys: page, token: next } = answer.response else { panic!("SCAN answered {answer:?}") };
-        keys.extend(page.into_iter().map(|k| k.into_vec()));
-        match next {
-            Some(next) => token = Some(next),
-            None => break,
-        }
-    }
-    keys.sort();
-    keys
-}
-
-/// Every key with its value and version on node `id`, from its own applied state.
-async fn local_state(cluster: &Cluster, id: u64) -> Vec<(Vec<u8>, Answer)> {
-    let mut state = Vec::new();
-    for key in local_keys(cluster, id).await {
-        let get = Get { key: key.clone() }.encode();
-        state.push((key, cluster.command(id, get, None, "?consistency=local").await.expect("a local GET")));
-    }
-    state
-}
-
 /// Thousands of mutated requests (bytes flipped, cut or inserted, lengths and counts beyond any
 /// payload, deep nesting, commands doubled, values up to 100 kB, and broken, missing, doubled
 /// or oversized properties) through the broker to a 3-node cluster: every one is answered with a
@@ -913,11 +840,9 @@ async fn local_state(cluster: &Cluster, id: u64) -> Vec<(Vec<u8>, Answer)> {
 async fn a_barrage_of_mutated_requests_is_answered_and_leaves_the_nodes_serving_and_agreeing() {
     let (broker, mut cluster) = cluster_with_broker().await;
     let client = RawClient::connect_with_nagle(broker.port, "barrage-mutations", false).await;
-    let seed = std::env::var("BARRAGE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| fastrand::u64(..));
-    println!("barrage seed {seed} (BARRAGE_SEED={seed} replays it)");
+    let seed = barrage::seed();
     let mut dice = fastrand::Rng::with_seed(seed);
-    let keys: Vec<Vec<u8>> =
-        (0..16).map(|n| format!("barrage{n}").into_bytes()).chain([vec![0xff, 0, b'\r']]).collect();
+    let keys = barrage::keys();
     let requests: Vec<_> = (0..5000).map(|_| barrage_request(&mut dice, &client, &keys)).collect();
 
     let answers = futures::stream::iter(requests.iter().enumerate())
@@ -938,12 +863,7 @@ async fn a_barrage_of_mutated_requests_is_answered_and_leaves_the_nodes_serving_
         let status =
             answer.user("__stat").unwrap_or_else(|| panic!("seed {seed}: request {n} answered without __stat"));
         let kind = match Response::decode(&answer.payload) {
-            Ok(Response::Error(error)) => format!("-ERR {error}"),
-            Ok(Response::Ok) => "+OK".into(),
-            Ok(Response::Int(n)) => format!(":{n}"),
-            Ok(Response::Nil) => "nil".into(),
-            Ok(Response::Value(_)) => "a value".into(),
-            Ok(Response::Keys { .. }) => "a SCAN page".into(),
+            Ok(reply) => barrage::reply_kind(&reply),
             Err(_) if status != "200" => format!("__stat {status}"),
             Err(_) => panic!("seed {seed}: request {n} ({shown:?}) answered {:?}", text(&answer.payload)),
         };
@@ -952,29 +872,11 @@ async fn a_barrage_of_mutated_requests_is_answered_and_leaves_the_nodes_serving_
     println!("answers by kind: {kinds:#?}");
     assert!(kinds.len() >= 8, "seed {seed}: the barrage reached only {kinds:?}");
 
-    for id in [1, 2, 3] {
-        assert_eq!(cluster.wait_exit(id, Duration::ZERO), None, "seed {seed}: node {id} stopped\n{}", cluster.logs());
-    }
-    assert!(!cluster.logs().contains("panicked"), "seed {seed}: a node panicked\n{}", cluster.logs());
-    cluster.wait_ready().await;
+    barrage::assert_nodes_serving(&mut cluster, seed).await;
     let after = client.request(&set(b"barrage-after", b"served"), &timestamp()).await;
     assert_eq!(after.payload, b"+OK\r\n", "seed {seed}");
     let read = client.request(&get(b"barrage-after"), &timestamp()).await;
     assert_eq!(text(&read.payload), "$6\r\nserved\r\n", "seed {seed}");
 
-    // Expiries still due are swept through the log, so the nodes agree once they have applied it.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let one = local_state(&cluster, 1).await;
-        let (two, three) = (local_state(&cluster, 2).await, local_state(&cluster, 3).await);
-        if one == two && one == three {
-            assert!(one.iter().any(|(key, _)| key == b"barrage-after"), "seed {seed}");
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "seed {seed}: the nodes hold different keys\n1: {one:?}\n2: {two:?}\n3: {three:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    barrage::assert_nodes_agree(&cluster, seed, b"barrage-after").await;
 }

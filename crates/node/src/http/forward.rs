@@ -3,7 +3,8 @@
 //! so an operator may use any node's address (one that can reach the others by their advertised
 //! URLs need not be the operator's machine). The forwarded request carries [`FORWARDED_HEADER`]; a
 //! node that receives one and does not lead answers 421 with the leader it knows instead of
-//! forwarding again. A `/v1/command` read with `?consistency=local` is answered where it arrives.
+//! forwarding again. A `/v1/command` read with `?consistency=local` is answered where it arrives;
+//! a write that asks for it is carried to the leader all the same.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +15,7 @@ use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use openraft::ServerState;
+use statestore_protocol::Command;
 
 use super::command::{take_slot, CLIENT_ID_HEADER, FENCING_TOKEN_HEADER, LOCAL_CONSISTENCY_QUERY, TIMESTAMP_HEADER};
 use super::ApiError;
@@ -37,17 +39,39 @@ pub async fn to_leader(State(node): State<Arc<Node>>, request: Request, next: Ne
 }
 
 /// [`to_leader`] for `/v1/command`, within the node's `--max-http-commands` slots: its body limit,
-/// and a `consistency=local` read stays here.
+/// and a `consistency=local` read stays here. `consistency=local` is for reads: a write that
+/// carries it goes to the leader like any other, and a payload that is no command is answered
+/// here (its `-ERR` needs no leader).
 pub async fn command_to_leader(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
     let _slot = match take_slot(&node) {
         Ok(slot) => slot,
         Err(refused) => return refused.into_response(),
     };
-    let local_read = request.uri().query().is_some_and(|query| query.split('&').any(|q| q == LOCAL_CONSISTENCY_QUERY));
-    if local_read {
-        return next.run(request).await;
-    }
+    let asks_local = request.uri().query().is_some_and(|query| query.split('&').any(|q| q == LOCAL_CONSISTENCY_QUERY));
+    let request = if asks_local {
+        let (parts, body) = request.into_parts();
+        let Ok(body) = to_bytes(body, super::COMMAND_BODY_LIMIT).await else {
+            return too_large(super::COMMAND_BODY_LIMIT);
+        };
+        let write = Command::parse(&body).is_ok_and(|command| !command.is_read());
+        let request = Request::from_parts(parts, Body::from(body));
+        if !write {
+            return next.run(request).await;
+        }
+        request
+    } else {
+        request
+    };
     forward_unless_leading(&node, request, next, super::COMMAND_BODY_LIMIT, COMMAND_FORWARD_TIMEOUT).await
+}
+
+fn too_large(body_limit: usize) -> Response {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        format!("a request forwarded to the leader is at most {body_limit} bytes"),
+    )
+    .into_response()
 }
 
 async fn forward_unless_leading(
@@ -69,12 +93,7 @@ async fn forward_unless_leading(
     };
     let (parts, body) = request.into_parts();
     let Ok(body) = to_bytes(body, body_limit).await else {
-        return ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!("a request forwarded to the leader is at most {body_limit} bytes"),
-        )
-        .into_response();
+        return too_large(body_limit);
     };
     let path = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str());
     let url = format!("{address}{path}");

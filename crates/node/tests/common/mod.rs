@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod barrage;
 pub mod broker;
 pub mod clock;
 pub mod disk;
