@@ -1,5 +1,6 @@
-//! What the barrages of mutated requests share: one request payload mutated from a command's
-//! valid form, and a node's whole applied state read back for comparing nodes.
+//! What the barrages of mutated requests (`tests/mqtt.rs`, `tests/http_api.rs`) share: their seed
+//! and keys, a request payload mutated from a command's valid form, and the checks after a
+//! barrage: every node still serving, and all of them holding the same applied state.
 
 use statestore_protocol::{encode_bulk_array, Get, Response, Scan};
 
