@@ -449,8 +449,8 @@ async fn a_barrage_of_mutated_commands_over_http_is_answered_and_the_nodes_agree
             let mut headers = vec![(TIMESTAMP_HEADER, common::timestamp())];
             match dice.u8(..16) {
                 0 => headers.clear(),
-                1 => headers[0].1 = ["", "0", "1:2:3:4", "18446744073709551616:0:x", "-1:0:x"][dice.usize(..5)].into(),
-                2 => headers.push((FENCING_TOKEN_HEADER, ["", "x", "1:0:", "0:0:holder"][dice.usize(..4)].into())),
+                1 => headers[0].1 = dice.choice(barrage::BROKEN_TIMESTAMPS).unwrap().into(),
+                2 => headers.push((FENCING_TOKEN_HEADER, dice.choice(barrage::FENCING_TOKENS).unwrap().into())),
                 3 => headers.push((CLIENT_ID_HEADER, "c".repeat(dice.usize(..4000)))),
                 4 => headers.push((TIMESTAMP_HEADER, common::timestamp())),
                 _ => {}

@@ -808,9 +808,9 @@ fn barrage_request(dice: &mut fastrand::Rng, client: &RawClient, keys: &[Vec<u8>
     let user = &mut properties.user_properties;
     match dice.u8(..20) {
         0 => user.retain(|(k, _)| k != "__ts"),
-        1 => set_user(user, "__ts", ["", "0", "1:2:3:4", "18446744073709551616:0:x", "-1:0:x"][dice.usize(..5)]),
+        1 => set_user(user, "__ts", dice.choice(barrage::BROKEN_TIMESTAMPS).unwrap()),
         2 => set_user(user, "__protVer", ["", "1", "1.1", "0.9", "2.0", "abc", "1.0.0"][dice.usize(..7)]),
-        3 => user.push(("__ft".into(), ["", "x", "1:0:", "0:0:holder"][dice.usize(..4)].into())),
+        3 => user.push(("__ft".into(), dice.choice(barrage::FENCING_TOKENS).unwrap().into())),
         4 => user.retain(|(k, _)| k != "__srcId"),
         5 => set_user(user, "__srcId", &"s".repeat(dice.usize(..10_000))),
         6 => {

@@ -6,6 +6,12 @@ use statestore_protocol::{encode_bulk_array, Get, Response, Scan};
 
 use super::{Answer, Cluster};
 
+/// `__ts` values a barrage sends in place of a valid one: empty, too few or too many fields, a
+/// wall clock past `u64`, a negative one.
+pub const BROKEN_TIMESTAMPS: [&str; 5] = ["", "0", "1:2:3:4", "18446744073709551616:0:x", "-1:0:x"];
+/// `__ft` values a barrage sends: malformed ones, and one well-formed token (which fences the key).
+pub const FENCING_TOKENS: [&str; 4] = ["", "x", "1:0:", "0:0:holder"];
+
 /// A request payload: a valid form of one of the commands on one of `keys`, most of the time
 /// mutated: bytes flipped, cut or inserted; a length or count past the payload or past any
 /// integer; 2,000 levels of nesting; two commands in one payload; random bytes; or a value of up
