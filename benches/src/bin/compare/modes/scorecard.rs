@@ -117,6 +117,22 @@ pub struct Figures {
 /// MB per MiB: the RSS target is in MB, `/proc` reports KiB.
 const MB_PER_MIB: f64 = 1.048_576;
 
+/// What the p99 ratio is made of: the cluster's throughput growth from 64 to 256 in flight, the
+/// wait Little's law alone gives for it, and the echo responder's own ratio in the same rounds.
+fn tail_note(sweep: &super::SweepFigures) -> String {
+    let mut note = "the cluster's".to_string();
+    if let Some(growth) = sweep.growth.filter(|g| *g > 0.0) {
+        note.push_str(&format!(
+            "; its ops/s grew {growth:.2}x from 64 to 256 in flight: by Little's law the wait alone grows {:.2}x",
+            4.0 / growth
+        ));
+    }
+    if let Some(echo) = sweep.echo_tail {
+        note.push_str(&format!("; the echo responder's own {echo:.2}"));
+    }
+    note
+}
+
 /// The targets, judged on `figures` (`rounds`: of the sweep and of the fill).
 pub fn checks(figures: &Figures, rounds: usize) -> Vec<Check> {
     let sweep = figures.sweep.unwrap_or_default();
@@ -150,7 +166,7 @@ pub fn checks(figures: &Figures, rounds: usize) -> Vec<Check> {
             name: "p99 at 256 in flight / p99 at 64",
             value: sweep.tail,
             limit: Limit::AtMost(3.0),
-            note: sweep_note("the cluster's"),
+            note: sweep_note(&tail_note(&sweep)),
         },
         Check {
             name: "requests per leader fsync at 64 in flight",
@@ -357,6 +373,8 @@ mod tests {
                 over_etcd: Some(1.4),
                 over_echo: Some(0.45),
                 tail: Some(2.8),
+                echo_tail: Some(3.5),
+                growth: Some(1.25),
                 fewest_per_fsync: Some(15.0),
                 errors: 0,
                 elections: 0,
@@ -379,6 +397,10 @@ mod tests {
         assert!(checks.iter().all(|c| !c.name.contains(',')), "a name is one unquoted CSV field (.ci/run reads it)");
         assert_eq!(find(&checks, "SET at 64 in flight / etcd").state(), State::Met);
         assert_eq!(find(&checks, "SET at 64 in flight / echo ceiling").state(), State::Missed);
+        let tail = find(&checks, "p99 at 256 in flight / p99 at 64");
+        assert_eq!(tail.state(), State::Met);
+        assert!(tail.note.contains("grew 1.25x") && tail.note.contains("3.20x"), "{}", tail.note);
+        assert!(tail.note.contains("the echo responder's own 3.50"), "{}", tail.note);
         let rate = find(&checks, "p99 at half of peak / etcd's p99");
         assert_eq!((rate.value, rate.state()), (Some(0.375), State::Met));
         assert!(rate.note.contains("cluster 9.00 ms, etcd 24.00 ms"), "{}", rate.note);

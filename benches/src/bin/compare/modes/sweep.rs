@@ -69,6 +69,12 @@ pub struct SweepFigures {
     pub over_echo: Option<f64>,
     /// The cluster's p99 at 256 in flight over its p99 at 64.
     pub tail: Option<f64>,
+    /// The same ratio of the echo responder: what the broker and the machine alone make it.
+    pub echo_tail: Option<f64>,
+    /// The cluster's ops/s at 256 in flight over its ops/s at 64. In a closed loop the mean wait
+    /// is the in-flight count over the throughput (Little's law), so the wait at 256 is
+    /// 4 / `growth` times the wait at 64 before the tails' shapes enter.
+    pub growth: Option<f64>,
     /// The fewest requests per leader fsync of any round at 64 in flight.
     pub fewest_per_fsync: Option<f64>,
     /// The cluster's errors and elections over every level and round.
@@ -170,11 +176,41 @@ fn ops_ratio(points: &[Point], round: usize, other: TargetKind, inflight: usize)
     (other.ops > 0.0).then(|| cluster.ops / other.ops)
 }
 
-/// The cluster's p99 at 256 in flight over its p99 at 64, in `round`.
-fn tail_ratio(points: &[Point], round: usize) -> Option<f64> {
-    let high = find(points, round, TargetKind::Cluster, 256)?;
-    let low = find(points, round, TargetKind::Cluster, 64)?;
+/// `kind`'s p99 at 256 in flight over its p99 at 64, in `round`.
+fn tail_ratio(points: &[Point], round: usize, kind: TargetKind) -> Option<f64> {
+    let high = find(points, round, kind, 256)?;
+    let low = find(points, round, kind, 64)?;
     (low.p99 > 0.0).then(|| high.p99 / low.p99)
+}
+
+/// `kind`'s ops/s at 256 in flight over its ops/s at 64, in `round`.
+fn growth(points: &[Point], round: usize, kind: TargetKind) -> Option<f64> {
+    let high = find(points, round, kind, 256)?;
+    let low = find(points, round, kind, 64)?;
+    (low.ops > 0.0).then(|| high.ops / low.ops)
+}
+
+/// Per target and round with both levels: ops/s at 256 in flight over ops/s at 64, 4 over that
+/// (the wait at 256 over the wait at 64 that Little's law alone gives), and the p99 ratio.
+fn from_64_to_256(points: &[Point], rounds: usize) -> Option<String> {
+    let mut table = Table::new(&["round", "target", "ops/s 256 / 64", "4 / growth", "p99 256 / 64"]);
+    let mut any = false;
+    for round in 1..=rounds {
+        for kind in TargetKind::ALL {
+            let (Some(grown), Some(tail)) = (growth(points, round, kind), tail_ratio(points, round, kind)) else {
+                continue;
+            };
+            any = true;
+            table.row(vec![
+                round.to_string(),
+                kind.to_string(),
+                decimal3(Some(grown)),
+                decimal3((grown > 0.0).then(|| 4.0 / grown)),
+                format!("{tail:.2}"),
+            ]);
+        }
+    }
+    any.then(|| table.render())
 }
 
 /// One point per target and level: the median ops/s and p99 of its rounds.
@@ -206,7 +242,9 @@ fn figures(rows: &[Row], points: &[Point], rounds: usize) -> SweepFigures {
     SweepFigures {
         over_etcd: median_over(TargetKind::Etcd),
         over_echo: median_over(TargetKind::Echo),
-        tail: median((1..=rounds).filter_map(|round| tail_ratio(points, round))),
+        tail: median((1..=rounds).filter_map(|round| tail_ratio(points, round, TargetKind::Cluster))),
+        echo_tail: median((1..=rounds).filter_map(|round| tail_ratio(points, round, TargetKind::Echo))),
+        growth: median((1..=rounds).filter_map(|round| growth(points, round, TargetKind::Cluster))),
         fewest_per_fsync: cluster()
             .filter(|row| row.inflight == 64)
             .filter_map(|row| row.measured.requests_per_fsync)
@@ -300,7 +338,8 @@ fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyho
     }
     run.say(if rounds > 1 { format!("\nratios, median of {rounds} rounds") } else { "\nratios".to_string() });
     run.say(ratios.render());
-    let tails: Vec<f64> = rounds_list.iter().filter_map(|&round| tail_ratio(&points, round)).collect();
+    let tails: Vec<f64> =
+        rounds_list.iter().filter_map(|&round| tail_ratio(&points, round, TargetKind::Cluster)).collect();
     let tail = match median(tails.iter().copied()) {
         None => "- (needs levels 64 and 256)".to_string(),
         Some(median) if rounds > 1 => {
@@ -310,6 +349,13 @@ fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyho
         Some(only) => format!("{only:.2}"),
     };
     run.say(format!("cluster p99 at 256 in flight / p99 at 64: {tail}"));
+    if let Some(table) = from_64_to_256(&points, rounds) {
+        run.say(
+            "\nfrom 64 to 256 in flight: throughput grown, and the wait Little's law sets for 4 times the \
+             requests in a closed loop (4 / growth) beside the p99 ratio measured",
+        );
+        run.say(table);
+    }
 
     std::fs::write(run.out.join("sweep.svg"), chart(levels, &medians_per_level(&points)))?;
     Ok(figures(rows, &points, rounds))
@@ -382,10 +428,14 @@ mod tests {
         let rounds = [1, 2, 3];
         let echo = median(rounds.iter().filter_map(|&r| ops_ratio(&points, r, Echo, 64))).unwrap();
         assert!((echo - 0.45).abs() < 1e-9, "0.45, 0.5, 0.44: {echo}");
-        assert_eq!(tail_ratio(&points, 1), Some(3.0));
-        assert_eq!(tail_ratio(&points, 2), Some(4.0));
-        assert_eq!(tail_ratio(&points, 3), None, "no 256 in round 3");
-        assert_eq!(median(rounds.iter().filter_map(|&r| tail_ratio(&points, r))), Some(3.5));
+        assert_eq!(tail_ratio(&points, 1, Cluster), Some(3.0));
+        assert_eq!(tail_ratio(&points, 2, Cluster), Some(4.0));
+        assert_eq!(tail_ratio(&points, 3, Cluster), None, "no 256 in round 3");
+        assert_eq!(tail_ratio(&points, 1, Echo), None, "the echo responder ran at 64 only");
+        assert_eq!(median(rounds.iter().filter_map(|&r| tail_ratio(&points, r, Cluster))), Some(3.5));
+        assert_eq!(growth(&points, 1, Cluster), Some(12_000.0 / 9_000.0));
+        assert_eq!(growth(&points, 2, Cluster), Some(1.2));
+        assert_eq!(growth(&points, 3, Cluster), None);
         assert_eq!(median([]), None);
         assert_eq!(median([f64::NAN, 2.0]), Some(2.0));
 
@@ -393,5 +443,15 @@ mod tests {
         let cluster64 = per_level.iter().find(|p| p.kind == Cluster && p.inflight == 64).unwrap();
         assert_eq!((cluster64.ops, cluster64.p99), (6_600.0, 20.0));
         assert_eq!(per_level.len(), 4, "echo 64, cluster 64 and 256, etcd 64");
+
+        let table = from_64_to_256(&points, 3).unwrap();
+        let rows: Vec<&str> = table.lines().filter(|line| line.contains("cluster")).collect();
+        assert_eq!(rows.len(), 2, "rounds 1 and 2 have both levels:\n{table}");
+        for (row, cells) in rows.iter().zip([["1.333", "3.000", "3.00"], ["1.200", "3.333", "4.00"]]) {
+            for cell in cells {
+                assert!(row.split_whitespace().any(|c| c == cell), "{cell} in {row}");
+            }
+        }
+        assert_eq!(from_64_to_256(&points[..2], 1), None, "no target with both levels");
     }
 }
