@@ -176,41 +176,45 @@ fn ops_ratio(points: &[Point], round: usize, other: TargetKind, inflight: usize)
     (other.ops > 0.0).then(|| cluster.ops / other.ops)
 }
 
+/// `kind`'s measurements at 64 and at 256 in flight, in `round`.
+fn at_64_and_256(points: &[Point], round: usize, kind: TargetKind) -> Option<(&Point, &Point)> {
+    Some((find(points, round, kind, 64)?, find(points, round, kind, 256)?))
+}
+
 /// `kind`'s p99 at 256 in flight over its p99 at 64, in `round`.
 fn tail_ratio(points: &[Point], round: usize, kind: TargetKind) -> Option<f64> {
-    let high = find(points, round, kind, 256)?;
-    let low = find(points, round, kind, 64)?;
+    let (low, high) = at_64_and_256(points, round, kind)?;
     (low.p99 > 0.0).then(|| high.p99 / low.p99)
 }
 
 /// `kind`'s ops/s at 256 in flight over its ops/s at 64, in `round`.
 fn growth(points: &[Point], round: usize, kind: TargetKind) -> Option<f64> {
-    let high = find(points, round, kind, 256)?;
-    let low = find(points, round, kind, 64)?;
+    let (low, high) = at_64_and_256(points, round, kind)?;
     (low.ops > 0.0).then(|| high.ops / low.ops)
 }
 
 /// Per target and round with both levels: ops/s at 256 in flight over ops/s at 64, 4 over that
 /// (the wait at 256 over the wait at 64 that Little's law alone gives), and the p99 ratio.
 fn from_64_to_256(points: &[Point], rounds: usize) -> Option<String> {
-    let mut table = Table::new(&["round", "target", "ops/s 256 / 64", "4 / growth", "p99 256 / 64"]);
-    let mut any = false;
-    for round in 1..=rounds {
-        for kind in TargetKind::ALL {
-            let (Some(grown), Some(tail)) = (growth(points, round, kind), tail_ratio(points, round, kind)) else {
-                continue;
-            };
-            any = true;
-            table.row(vec![
+    let rows: Vec<Vec<String>> = (1..=rounds)
+        .flat_map(|round| TargetKind::ALL.into_iter().map(move |kind| (round, kind)))
+        .filter_map(|(round, kind)| {
+            let (grown, tail) = (growth(points, round, kind)?, tail_ratio(points, round, kind)?);
+            Some(vec![
                 round.to_string(),
                 kind.to_string(),
                 decimal3(Some(grown)),
                 decimal3((grown > 0.0).then(|| 4.0 / grown)),
                 format!("{tail:.2}"),
-            ]);
-        }
+            ])
+        })
+        .collect();
+    if rows.is_empty() {
+        return None;
     }
-    any.then(|| table.render())
+    let mut table = Table::new(&["round", "target", "ops/s 256 / 64", "4 / growth", "p99 256 / 64"]);
+    rows.into_iter().for_each(|row| table.row(row));
+    Some(table.render())
 }
 
 /// One point per target and level: the median ops/s and p99 of its rounds.
