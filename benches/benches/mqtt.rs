@@ -94,6 +94,7 @@ async fn start_cluster(dir: &std::path::Path, mqtt_port: u16) -> Vec<RunningNode
             snapshot_every: 10_000,
             snapshot_log_bytes: statestore_node::config::DEFAULT_SNAPSHOT_LOG_BYTES,
             snapshot_write_rate: None,
+            snapshot_install_rate: None,
             flush_after: statestore_node::config::DEFAULT_FLUSH_AFTER,
             logs_kept: 1_000,
             max_http_commands: 1024,

@@ -33,6 +33,7 @@ fn config(id: u64, port: u16, members: &str, dir: &std::path::Path) -> NodeConfi
         snapshot_every: 10_000,
         snapshot_log_bytes: statestore_node::config::DEFAULT_SNAPSHOT_LOG_BYTES,
         snapshot_write_rate: None,
+        snapshot_install_rate: None,
         flush_after: statestore_node::config::DEFAULT_FLUSH_AFTER,
         logs_kept: 1_000,
         max_http_commands: 1024,

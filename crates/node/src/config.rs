@@ -98,6 +98,11 @@ pub struct Args {
     /// fsyncs do not queue behind it. Default 0: as fast as the disk goes.
     #[arg(long, env = "STATESTORE_SNAPSHOT_WRITE_RATE")]
     pub snapshot_write_rate: Option<u64>,
+    /// Write a snapshot received from the leader, and the table files installing it makes, at
+    /// most this many bytes a second each, so that the Raft log's fsyncs on the same disk do
+    /// not wait behind them. Default 0: as fast as the disk goes.
+    #[arg(long, env = "STATESTORE_SNAPSHOT_INSTALL_RATE")]
+    pub snapshot_install_rate: Option<u64>,
     /// Write the applied state to disk once this many log entries were applied since it last
     /// was (or `--flush-after-operations` operations): at most what a node killed applies again
     /// from its log when it starts. Default 2000.
@@ -238,6 +243,9 @@ pub struct NodeConfig {
     pub snapshot_log_bytes: u64,
     /// Bytes a second a snapshot build writes at most; `None`: no limit.
     pub snapshot_write_rate: Option<u64>,
+    /// Bytes a second a snapshot being received, then installed, is written at most; `None`:
+    /// no limit.
+    pub snapshot_install_rate: Option<u64>,
     /// Applied entries or operations not yet on disk that trigger a flush.
     pub flush_after: FlushAfter,
     pub logs_kept: u64,
@@ -355,6 +363,10 @@ pub const DEFAULT_SNAPSHOT_LOG_BYTES: u64 = 64 << 20;
 /// *Snapshot builds written out and paced*, for what a limit gains and costs).
 pub const DEFAULT_SNAPSHOT_WRITE_RATE: u64 = 0;
 
+/// The default of `--snapshot-install-rate`, bytes a second: no limit (see docs/benchmarks.md,
+/// *Snapshot installs paced*, for what a limit gains and costs).
+pub const DEFAULT_SNAPSHOT_INSTALL_RATE: u64 = 0;
+
 /// The defaults of `--flush-after-entries` and `--flush-after-operations`.
 pub const DEFAULT_FLUSH_AFTER: FlushAfter = FlushAfter { entries: 2_000, operations: 20_000 };
 
@@ -421,6 +433,8 @@ impl NodeConfig {
             snapshot_every: args.snapshot_every.unwrap_or(DEFAULT_SNAPSHOT_EVERY),
             snapshot_log_bytes: args.snapshot_log_bytes.unwrap_or(DEFAULT_SNAPSHOT_LOG_BYTES),
             snapshot_write_rate: Some(args.snapshot_write_rate.unwrap_or(DEFAULT_SNAPSHOT_WRITE_RATE))
+                .filter(|&r| r > 0),
+            snapshot_install_rate: Some(args.snapshot_install_rate.unwrap_or(DEFAULT_SNAPSHOT_INSTALL_RATE))
                 .filter(|&r| r > 0),
             flush_after: FlushAfter {
                 entries: args.flush_after_entries.unwrap_or(DEFAULT_FLUSH_AFTER.entries),
@@ -634,6 +648,7 @@ mod tests {
             (Duration::from_millis(150), Duration::from_millis(300))
         );
         assert_eq!(config.snapshot_write_rate, None);
+        assert_eq!(config.snapshot_install_rate, None);
     }
 
     #[test]
@@ -643,6 +658,11 @@ mod tests {
         };
         assert_eq!(given("0"), None);
         assert_eq!(given("1048576"), Some(1 << 20));
+        let install = |rate: &str| {
+            NodeConfig::from_args(args(&["--id", "1", "--snapshot-install-rate", rate])).unwrap().snapshot_install_rate
+        };
+        assert_eq!(install("0"), None);
+        assert_eq!(install("1048576"), Some(1 << 20));
     }
 
     #[test]

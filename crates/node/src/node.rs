@@ -154,6 +154,7 @@ impl Node {
         };
         let mut storage = statestore_raft::open(&config.data_dir, MachineConfig::default(), storage_metrics)?;
         storage.state.set_snapshot_write_rate(config.snapshot_write_rate);
+        storage.state.set_snapshot_install_rate(config.snapshot_install_rate);
         if config.restored {
             let members = storage.reader.applied_members().context("reading the applied membership")?;
             let peers = crate::restore_check::peers(config, members);
@@ -232,7 +233,7 @@ impl Node {
             leader,
             log: log.clone(),
             elector: elector.clone(),
-            snapshot_receiver: statestore_raft::SnapshotReceiver::default(),
+            snapshot_receiver: statestore_raft::SnapshotReceiver::new(config.snapshot_install_rate),
             broker_connected: std::sync::OnceLock::new(),
             broker_slow: std::sync::OnceLock::new(),
             snapshot_wanted: Arc::new(AtomicU64::new(0)),

@@ -71,9 +71,10 @@ async fn a_node_that_missed_purged_log_catches_up_from_a_snapshot_and_restarts_w
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_learner_receives_a_snapshot_of_many_chunks_whole() {
+async fn a_learner_receives_a_snapshot_of_many_chunks_whole_at_its_install_rate() {
     // About 12 MiB of state: the snapshot goes out in several 3 MiB chunks, and the receiver
-    // writes out what it received every MiB, so both boundaries are crossed several times.
+    // writes out what it received every MiB, so both boundaries are crossed several times. The
+    // learner holds what it writes to 4 MiB/s (`--snapshot-install-rate`).
     let mut cluster = Cluster::start(3, SNAPSHOT_OFTEN).await;
     let mut written = Vec::new();
     for i in 0..48 {
@@ -90,7 +91,7 @@ async fn a_learner_receives_a_snapshot_of_many_chunks_whole() {
     cluster.wait_snapshot_covering(leader, applied).await;
     wait_purged_past(&cluster, leader, 1).await;
 
-    cluster.start_new_node(4);
+    cluster.start_new_node_with(4, &["--snapshot-install-rate", "4194304"]);
     let added = cluster.add_learner(leader, 4).send().await.unwrap();
     assert_eq!(added.status(), 200, "{}", added.text().await.unwrap());
     let applied = cluster.status(leader).await.unwrap()["applied_index"].as_u64().unwrap();
@@ -98,6 +99,19 @@ async fn a_learner_receives_a_snapshot_of_many_chunks_whole() {
     let metrics = cluster.metrics(4).await;
     let installed = metric(&metrics, "statestore_snapshots_total{kind=\"installed\"}").unwrap_or(0.0);
     assert!(installed >= 1.0, "node 4 caught up without installing a snapshot:\n{metrics}");
+    // Its 12 MiB and more came in no faster than 4 MiB/s: the write-out after the 12th MiB
+    // waits until 3 s after the first chunk.
+    let log = std::fs::read_to_string(&cluster.nodes[&4].log).unwrap();
+    let received = log.lines().find(|line| line.contains("received a snapshot from the leader"));
+    let received_s = received
+        .and_then(|line| line.split("received_s").nth(1))
+        .map(|rest| rest.trim_start_matches(['=', '"', ':', ' ']))
+        .and_then(|rest| rest.split(|c: char| !(c.is_ascii_digit() || c == '.')).next())
+        .and_then(|secs| secs.parse::<f64>().ok());
+    assert!(
+        received_s.is_some_and(|secs| secs >= 2.5),
+        "node 4 received the snapshot in {received_s:?} s at 4 MiB/s: {received:?}"
+    );
     // A learner does not stand for election, even at its leader's request.
     let asked = cluster.ask_to_stand(4, cluster.leadership_vote(leader).await, None).await;
     assert!(

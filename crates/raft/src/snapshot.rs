@@ -276,16 +276,14 @@ pub fn verify_file(file: fs::File) -> Result<u64, SnapshotError> {
 /// syncs the file whole.
 pub struct PacedFile {
     file: fs::File,
-    /// Bytes a second; none: as fast as the disk takes them.
-    rate: Option<u64>,
+    pace: Pace,
     written: u64,
     written_out: u64,
-    started: Instant,
 }
 
 impl PacedFile {
     pub fn new(file: fs::File, rate: Option<u64>) -> PacedFile {
-        PacedFile { file, rate: rate.filter(|&r| r > 0), written: 0, written_out: 0, started: Instant::now() }
+        PacedFile { file, pace: Pace::new(rate), written: 0, written_out: 0 }
     }
 
     /// Where the next write goes.
@@ -315,11 +313,27 @@ impl PacedFile {
         self.written_out = self.written;
         Ok(())
     }
+}
 
-    /// Sleeps until the bytes written so far are no more than the rate allows.
-    fn hold_to_rate(&self) {
+/// A rate a writer holds to: from its start, no more bytes than `rate` a second.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// Bytes a second; none: as fast as the disk takes them.
+    rate: Option<u64>,
+    started: Instant,
+}
+
+impl Pace {
+    /// A pace starting now; a rate of none or 0 holds nothing back.
+    pub fn new(rate: Option<u64>) -> Pace {
+        Pace { rate: rate.filter(|&r| r > 0), started: Instant::now() }
+    }
+
+    /// Sleeps until `written`, the bytes written since the start, are no more than the rate
+    /// allows.
+    pub fn hold(&self, written: u64) {
         let Some(rate) = self.rate else { return };
-        let due = Duration::from_secs_f64(self.written as f64 / rate as f64);
+        let due = Duration::from_secs_f64(written as f64 / rate as f64);
         if let Some(early) = due.checked_sub(self.started.elapsed()) {
             std::thread::sleep(early);
         }
@@ -332,7 +346,7 @@ impl Write for PacedFile {
         self.written += written as u64;
         if self.written - self.written_out >= WRITE_OUT_EVERY {
             self.write_out()?;
-            self.hold_to_rate();
+            self.pace.hold(self.written);
         }
         Ok(written)
     }

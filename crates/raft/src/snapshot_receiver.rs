@@ -2,7 +2,8 @@
 //! the file the state machine gives through a [`PacedFile`] on a blocking thread, so its pages
 //! are written out as they come instead of left dirty (a file of hundreds of MiB left dirty, or
 //! synced in large steps, holds every log fsync on the same file system up meanwhile, ext4
-//! ordered mode); the file is synced and checked whole before openraft is handed it.
+//! ordered mode), at most at the install rate (a log fsync waits longer the faster the disk is
+//! written meanwhile); the file is synced and checked whole before openraft is handed it.
 //! openraft treats a failed install as fatal, so a damaged snapshot handed over would stop the
 //! member that received it; checked here, it is refused and the leader sends it again from
 //! its start (a damaged snapshot at the leader stops the leader, see
@@ -23,6 +24,8 @@ use crate::types::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig};
 #[derive(Default)]
 pub struct SnapshotReceiver {
     incoming: Mutex<Option<Incoming>>,
+    /// Bytes a second a snapshot is written at most as it comes; none: no limit.
+    rate: Option<u64>,
 }
 
 /// A snapshot whose chunks are being written.
@@ -36,6 +39,11 @@ struct Incoming {
 type ReceiveError = RaftError<NodeId, InstallSnapshotError>;
 
 impl SnapshotReceiver {
+    /// A receiver writing what it receives at most `rate` bytes a second (none or 0: no limit).
+    pub fn new(rate: Option<u64>) -> SnapshotReceiver {
+        SnapshotReceiver { incoming: Mutex::default(), rate: rate.filter(|&r| r > 0) }
+    }
+
     /// Takes one chunk; installs the snapshot once its last chunk is in and it checks out.
     pub async fn receive(
         &self,
@@ -52,7 +60,7 @@ impl SnapshotReceiver {
         let offset = request.offset;
         let received = {
             let mut incoming = self.incoming.lock().await;
-            write_chunk(&mut incoming, raft, request).await?
+            write_chunk(&mut incoming, raft, request, self.rate).await?
         };
         let Some((meta, data)) = received else {
             return Ok(InstallSnapshotResponse { vote: own_vote });
@@ -91,6 +99,7 @@ async fn write_chunk(
     incoming: &mut Option<Incoming>,
     raft: &Raft,
     request: InstallSnapshotRequest<TypeConfig>,
+    rate: Option<u64>,
 ) -> Result<Option<(SnapshotMeta, std::fs::File)>, ReceiveError> {
     let id = &request.meta.snapshot_id;
     let continued = incoming.as_ref().is_some_and(|incoming| incoming.id == *id);
@@ -109,7 +118,7 @@ async fn write_chunk(
                 RaftError::APIError(never) => match never {},
                 RaftError::Fatal(fatal) => RaftError::Fatal(fatal),
             })?;
-            let file = PacedFile::new(file.into_std().await, None);
+            let file = PacedFile::new(file.into_std().await, rate);
             Incoming { id: id.clone(), started: Instant::now(), file }
         }
     };

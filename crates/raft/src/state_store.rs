@@ -34,7 +34,9 @@ use crate::db::{self, add_to, cf, synced, AppliedOnDisk, Tables, ViewTables, Wit
 use crate::dedup_retention::{DedupHorizon, DedupIndex};
 use crate::identity::IdentityMemo;
 use crate::metrics::StorageMetrics;
-use crate::snapshot::{verify, PacedFile, RecordReader, SnapshotDir, SnapshotError, SnapshotWriter, WRITE_OUT_EVERY};
+use crate::snapshot::{
+    verify, Pace, PacedFile, RecordReader, SnapshotDir, SnapshotError, SnapshotWriter, WRITE_OUT_EVERY,
+};
 use crate::types::{
     ApplyResult, LogEntry, LogId, RaftStorageError, Snapshot, SnapshotMeta, StoredMembership, TypeConfig,
 };
@@ -82,6 +84,8 @@ pub struct StateStore {
     receiving: Option<PathBuf>,
     /// Bytes a second a snapshot build writes at most (none: no limit).
     snapshot_write_rate: Option<u64>,
+    /// Bytes a second an install writes its table files at most; none: no limit.
+    snapshot_install_rate: Option<u64>,
     shared: SharedState,
 }
 
@@ -138,6 +142,7 @@ impl StateStore {
             applied_requests,
             receiving: None,
             snapshot_write_rate: None,
+            snapshot_install_rate: None,
             shared,
         }
     }
@@ -145,6 +150,12 @@ impl StateStore {
     /// Holds snapshot builds to `bytes_per_second` (none or 0: no limit, the default).
     pub fn set_snapshot_write_rate(&mut self, bytes_per_second: Option<u64>) {
         self.snapshot_write_rate = bytes_per_second.filter(|&rate| rate > 0);
+    }
+
+    /// Holds the table files a snapshot install writes to `bytes_per_second` (none or 0: no
+    /// limit, the default).
+    pub fn set_snapshot_install_rate(&mut self, bytes_per_second: Option<u64>) {
+        self.snapshot_install_rate = bytes_per_second.filter(|&rate| rate > 0);
     }
 }
 
@@ -277,6 +288,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         let snapshots = self.snapshots.clone();
         let snapshot_meta = meta.clone();
         let shared = self.shared.clone();
+        let install_rate = self.snapshot_install_rate;
         // Off the async workers: checking, writing and fsyncing a large snapshot takes seconds.
         in_background("snapshot-install", move || {
             let started = Instant::now();
@@ -292,7 +304,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
             let bytes = std::fs::metadata(&data).map_or(0, |m| m.len());
             shared.log_bytes.set_snapshot_size(bytes);
             shared.installing.store(true, Ordering::Release);
-            let installed = install(&db, &snapshot_meta, &data, &snapshots);
+            let installed = install(&db, &snapshot_meta, &data, &snapshots, Pace::new(install_rate));
             shared.installing.store(false, Ordering::Release);
             shared.identity.changed();
             installed?;
@@ -401,9 +413,16 @@ fn received_file(
 /// first batch clears the tables and marks the install in progress; records follow in bounded
 /// batches; the last batch records the snapshot's log id and membership and clears the mark,
 /// synced. A node stopped in between has the mark and installs again ([`resume_install`]).
-fn install(db: &DB, meta: &SnapshotMeta, data: &Path, snapshots: &SnapshotDir) -> Result<(), RaftStorageError> {
+/// The table files are written no faster than `pace` allows.
+fn install(
+    db: &DB,
+    meta: &SnapshotMeta,
+    data: &Path,
+    snapshots: &SnapshotDir,
+    pace: Pace,
+) -> Result<(), RaftStorageError> {
     clear_for_install(db, meta)?;
-    load_records(db, meta, data, snapshots)
+    load_records(db, meta, data, snapshots, pace)
 }
 
 /// The first batch of an install: every table emptied (range deletes, one per table) and the
@@ -420,11 +439,17 @@ fn clear_for_install(db: &DB, meta: &SnapshotMeta) -> Result<(), RaftStorageErro
 /// The rest of an install: the records written into table files and ingested (no WAL, no
 /// memtable, no flush: a 1 M-key install costs about what one flush of it would), then the log
 /// position with the mark cleared, synced.
-fn load_records(db: &DB, meta: &SnapshotMeta, data: &Path, snapshots: &SnapshotDir) -> Result<(), RaftStorageError> {
+fn load_records(
+    db: &DB,
+    meta: &SnapshotMeta,
+    data: &Path,
+    snapshots: &SnapshotDir,
+    pace: Pace,
+) -> Result<(), RaftStorageError> {
     let file = std::fs::File::open(data).map_err(snapshot_error)?;
     let mut records = RecordReader::new(BufReader::with_capacity(1 << 20, file)).map_err(snapshot_error)?;
     let options = db::external_file_options();
-    let mut ingester = Ingester::new(db, &options, snapshots, INGEST_FILE_BYTES);
+    let mut ingester = Ingester::new(db, &options, snapshots, INGEST_FILE_BYTES, pace);
     let loaded = (|| {
         while let Some((table, key, value)) = records.next_record().map_err(snapshot_error)? {
             ingester.put(table, &key, &value)?;
@@ -454,6 +479,10 @@ struct Ingester<'a> {
     /// Bytes of records after which a table file is finished and ingested.
     file_bytes: u64,
     open: Option<OpenTableFile<'a>>,
+    /// Holds the table files' writing to the install rate.
+    pace: Pace,
+    /// Bytes of records written into table files so far, all files together.
+    written: u64,
     /// Dedup records out of order, written (through the WAL, which the install's last, synced
     /// batch syncs) once they hold `file_bytes`.
     unordered: WriteBatch,
@@ -474,8 +503,8 @@ struct OpenTableFile<'a> {
 }
 
 impl<'a> Ingester<'a> {
-    fn new(db: &'a DB, options: &'a rocksdb::Options, snapshots: &'a SnapshotDir, file_bytes: u64) -> Self {
-        Ingester { db, options, snapshots, file_bytes, open: None, unordered: WriteBatch::default() }
+    fn new(db: &'a DB, options: &'a rocksdb::Options, snapshots: &'a SnapshotDir, file_bytes: u64, pace: Pace) -> Self {
+        Ingester { db, options, snapshots, file_bytes, open: None, pace, written: 0, unordered: WriteBatch::default() }
     }
 
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), RaftStorageError> {
@@ -505,10 +534,13 @@ impl<'a> Ingester<'a> {
         open.writer.put(key, value).map_err(write_error)?;
         open.last_key.clear();
         open.last_key.extend_from_slice(key);
-        open.bytes += (key.len() + value.len()) as u64;
+        let bytes = (key.len() + value.len()) as u64;
+        open.bytes += bytes;
+        self.written += bytes;
         if open.bytes - open.written_out >= WRITE_OUT_EVERY {
             write_out(&open.pages, 0, 0).map_err(write_error)?;
             open.written_out = open.bytes;
+            self.pace.hold(self.written);
         }
         Ok(())
     }
@@ -524,7 +556,9 @@ impl<'a> Ingester<'a> {
             self.db.ingest_external_file_cf_opts(cf(self.db, open.table.name()), &options, vec![&open.path])
         })();
         let _ = std::fs::remove_file(&open.path);
-        ingested.map_err(write_error)
+        ingested.map_err(write_error)?;
+        self.pace.hold(self.written);
+        Ok(())
     }
 
     /// Ingests and writes everything put so far.
@@ -556,7 +590,8 @@ pub(crate) fn resume_install(db: &DB, snapshots: &SnapshotDir) -> Result<(), Raf
         interrupted = id,
         "installing the kept snapshot again: an install was interrupted"
     );
-    install(db, &meta, &data, snapshots)
+    // Before the node serves anything: as fast as the disk goes.
+    install(db, &meta, &data, snapshots, Pace::new(None))
 }
 
 /// The log id of the last batch applied to the tables.
@@ -777,7 +812,7 @@ mod tests {
         let options = db::external_file_options();
         let snapshots = &to.state.snapshots;
         // About 20 records of 200 bytes per file: 150 files for the keys.
-        let mut ingester = Ingester::new(db, &options, snapshots, 4096);
+        let mut ingester = Ingester::new(db, &options, snapshots, 4096, Pace::new(None));
         let mut records = RecordReader::new(std::fs::File::open(&data).unwrap()).unwrap();
         while let Some((table, key, value)) = records.next_record().unwrap() {
             ingester.put(table, &key, &value).unwrap();
@@ -788,6 +823,33 @@ mod tests {
         let mut installed = dump(db);
         installed.retain(|(table, key, _)| !(*table == Table::Meta && key.contains("installing")));
         assert_eq!(installed, expected);
+        let left = install_files_left(dir.path());
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    /// An install held to a rate writes every record, and its table files no faster than the
+    /// rate: the last file is ingested no sooner than all the records' bytes allow.
+    #[tokio::test]
+    async fn an_install_held_to_a_rate_writes_every_record_no_faster_than_the_rate() {
+        let (_source, snapshot, data, expected) = source_snapshot(3_000).await;
+        let mut records = RecordReader::new(std::fs::File::open(&data).unwrap()).unwrap();
+        let mut bytes = 0;
+        while let Some((_, key, value)) = records.next_record().unwrap() {
+            bytes += key.len() + value.len();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let to = open(dir.path());
+        let db = &to.reader.db;
+        // Two seconds of records at this rate, whatever their size.
+        let rate = (bytes / 2) as u64;
+        let started = std::time::Instant::now();
+        install(db, &snapshot.meta, &data, &to.state.snapshots, Pace::new(Some(rate))).unwrap();
+        let took = started.elapsed();
+        assert_eq!(dump(db), expected);
+        assert!(
+            took >= std::time::Duration::from_millis(1_900),
+            "{bytes} bytes at {rate} a second installed in {took:?}"
+        );
         let left = install_files_left(dir.path());
         assert!(left.is_empty(), "{left:?}");
     }
@@ -803,7 +865,7 @@ mod tests {
         writer.push(Table::Keys, b"a", b"2").unwrap();
         writer.finish().unwrap();
         let meta = SnapshotMeta { last_log_id: None, last_membership: Default::default(), snapshot_id: "x".into() };
-        assert!(load_records(db, &meta, &data, &to.state.snapshots).is_err());
+        assert!(load_records(db, &meta, &data, &to.state.snapshots, Pace::new(None)).is_err());
         assert!(db.get_cf(cf(db, Table::Keys.name()), b"b").unwrap().is_none(), "nothing was ingested");
         let left = install_files_left(dir.path());
         assert!(left.is_empty(), "{left:?}");

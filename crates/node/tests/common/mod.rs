@@ -166,7 +166,13 @@ impl Cluster {
 
     /// Adds a node that is not an initial member (to join as a learner) and starts it.
     pub fn start_new_node(&mut self, id: u64) {
+        self.start_new_node_with(id, &[]);
+    }
+
+    /// [`Cluster::start_new_node`] with flags of that node's own after the cluster's.
+    pub fn start_new_node_with(&mut self, id: u64, args: &[&str]) {
         self.add_process(id, free_port(), None);
+        self.nodes.get_mut(&id).unwrap().args = args.iter().map(|s| s.to_string()).collect();
         self.spawn(id);
     }
 
