@@ -200,7 +200,7 @@ fn write_spare_direct(path: &Path, len: u64) -> io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     const ALIGN: usize = 4096;
     const CHUNK: u64 = 1 << 20;
-    if len % ALIGN as u64 != 0 {
+    if !len.is_multiple_of(ALIGN as u64) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     let file = OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_DIRECT).open(path)?;
