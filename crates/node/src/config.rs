@@ -348,6 +348,8 @@ pub enum ConfigError {
     Secret(String),
     #[error("--authorization-file: {0}")]
     Authorization(String),
+    #[error("{flag} must be 0 (no limit) or at least {MIN_SNAPSHOT_RATE} bytes a second, not {rate}")]
+    SnapshotRate { flag: &'static str, rate: u64 },
 }
 
 /// The default of `--log`.
@@ -366,6 +368,11 @@ pub const DEFAULT_SNAPSHOT_WRITE_RATE: u64 = 0;
 /// The default of `--snapshot-install-rate`, bytes a second: no limit (see docs/benchmarks.md,
 /// *Snapshot installs paced*, for what a limit gains and costs).
 pub const DEFAULT_SNAPSHOT_INSTALL_RATE: u64 = 0;
+
+/// The lowest rate `--snapshot-write-rate` and `--snapshot-install-rate` take (1 MiB/s): a
+/// leader sends a snapshot in chunks of 3 MiB, and a lower rate would hold a 1 M-key snapshot
+/// for many minutes.
+pub const MIN_SNAPSHOT_RATE: u64 = 1 << 20;
 
 /// The defaults of `--flush-after-entries` and `--flush-after-operations`.
 pub const DEFAULT_FLUSH_AFTER: FlushAfter = FlushAfter { entries: 2_000, operations: 20_000 };
@@ -432,10 +439,14 @@ impl NodeConfig {
             election_max: Duration::from_millis(args.election_max_ms.unwrap_or(300)),
             snapshot_every: args.snapshot_every.unwrap_or(DEFAULT_SNAPSHOT_EVERY),
             snapshot_log_bytes: args.snapshot_log_bytes.unwrap_or(DEFAULT_SNAPSHOT_LOG_BYTES),
-            snapshot_write_rate: Some(args.snapshot_write_rate.unwrap_or(DEFAULT_SNAPSHOT_WRITE_RATE))
-                .filter(|&r| r > 0),
-            snapshot_install_rate: Some(args.snapshot_install_rate.unwrap_or(DEFAULT_SNAPSHOT_INSTALL_RATE))
-                .filter(|&r| r > 0),
+            snapshot_write_rate: snapshot_rate(
+                "--snapshot-write-rate",
+                args.snapshot_write_rate.unwrap_or(DEFAULT_SNAPSHOT_WRITE_RATE),
+            )?,
+            snapshot_install_rate: snapshot_rate(
+                "--snapshot-install-rate",
+                args.snapshot_install_rate.unwrap_or(DEFAULT_SNAPSHOT_INSTALL_RATE),
+            )?,
             flush_after: FlushAfter {
                 entries: args.flush_after_entries.unwrap_or(DEFAULT_FLUSH_AFTER.entries),
                 operations: args.flush_after_operations.unwrap_or(DEFAULT_FLUSH_AFTER.operations),
@@ -597,6 +608,15 @@ fn broker_config(id: NodeId, args: &Args) -> Result<Option<BrokerConfig>, Config
     }))
 }
 
+/// A snapshot rate given to `flag`: none for 0 (no limit), refused under [`MIN_SNAPSHOT_RATE`].
+fn snapshot_rate(flag: &'static str, rate: u64) -> Result<Option<u64>, ConfigError> {
+    match rate {
+        0 => Ok(None),
+        rate if rate < MIN_SNAPSHOT_RATE => Err(ConfigError::SnapshotRate { flag, rate }),
+        rate => Ok(Some(rate)),
+    }
+}
+
 fn read_file(path: &Path) -> Result<Args, ConfigError> {
     let error = |detail: String| ConfigError::File { path: path.display().to_string(), detail };
     let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
@@ -652,17 +672,25 @@ mod tests {
     }
 
     #[test]
-    fn a_snapshot_write_rate_of_zero_is_no_limit() {
-        let given = |rate: &str| {
-            NodeConfig::from_args(args(&["--id", "1", "--snapshot-write-rate", rate])).unwrap().snapshot_write_rate
-        };
-        assert_eq!(given("0"), None);
-        assert_eq!(given("1048576"), Some(1 << 20));
-        let install = |rate: &str| {
-            NodeConfig::from_args(args(&["--id", "1", "--snapshot-install-rate", rate])).unwrap().snapshot_install_rate
-        };
-        assert_eq!(install("0"), None);
-        assert_eq!(install("1048576"), Some(1 << 20));
+    fn a_snapshot_rate_of_zero_is_no_limit_and_one_under_a_mib_a_second_is_refused() {
+        for flag in ["--snapshot-write-rate", "--snapshot-install-rate"] {
+            let given = |rate: &str| {
+                NodeConfig::from_args(args(&["--id", "1", flag, rate]))
+                    .map(|config| (config.snapshot_write_rate, config.snapshot_install_rate))
+            };
+            let set = |rate| match flag {
+                "--snapshot-write-rate" => (rate, None),
+                _ => (None, rate),
+            };
+            assert_eq!(given("0"), Ok((None, None)), "{flag}");
+            assert_eq!(given("1048576"), Ok(set(Some(1 << 20))), "{flag}");
+            let refused = given("1048575").unwrap_err();
+            assert_eq!(refused, ConfigError::SnapshotRate { flag, rate: 1048575 });
+            assert_eq!(
+                refused.to_string(),
+                format!("{flag} must be 0 (no limit) or at least 1048576 bytes a second, not 1048575")
+            );
+        }
     }
 
     #[test]

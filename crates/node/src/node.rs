@@ -154,7 +154,9 @@ impl Node {
         };
         let mut storage = statestore_raft::open(&config.data_dir, MachineConfig::default(), storage_metrics)?;
         storage.state.set_snapshot_write_rate(config.snapshot_write_rate);
-        storage.state.set_snapshot_install_rate(config.snapshot_install_rate);
+        // Half the leader's wait for the last chunk, whose answer waits for the install; the rest
+        // is for receiving it, checking it and ingesting at the disk's own speed.
+        storage.state.set_snapshot_install_rate(config.snapshot_install_rate, SNAPSHOT_CHUNK_TIMEOUT / 2);
         if config.restored {
             let members = storage.reader.applied_members().context("reading the applied membership")?;
             let peers = crate::restore_check::peers(config, members);

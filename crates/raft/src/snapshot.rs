@@ -329,6 +329,13 @@ impl Pace {
         Pace { rate: rate.filter(|&r| r > 0), started: Instant::now() }
     }
 
+    /// A pace starting now at `rate`, raised as far as it takes for `bytes` to be written
+    /// within `within`: a pace that holds a writer back, but never past a deadline.
+    pub fn finishing_within(rate: Option<u64>, bytes: u64, within: Duration) -> Pace {
+        let least = (bytes as f64 / within.as_secs_f64().max(0.001)).ceil() as u64;
+        Pace::new(rate.filter(|&r| r > 0).map(|r| r.max(least)))
+    }
+
     /// Sleeps until `written`, the bytes written since the start, are no more than the rate
     /// allows.
     pub fn hold(&self, written: u64) {

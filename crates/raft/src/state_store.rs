@@ -18,7 +18,7 @@ use std::io::{BufReader, BufWriter};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use openraft::storage::RaftStateMachine;
 use openraft::{AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
@@ -86,6 +86,8 @@ pub struct StateStore {
     snapshot_write_rate: Option<u64>,
     /// Bytes a second an install writes its table files at most; none: no limit.
     snapshot_install_rate: Option<u64>,
+    /// How long a paced install may take at most, whatever its rate: the leader's wait for it.
+    snapshot_install_within: Duration,
     shared: SharedState,
 }
 
@@ -143,6 +145,7 @@ impl StateStore {
             receiving: None,
             snapshot_write_rate: None,
             snapshot_install_rate: None,
+            snapshot_install_within: Duration::MAX,
             shared,
         }
     }
@@ -153,9 +156,11 @@ impl StateStore {
     }
 
     /// Holds the table files a snapshot install writes to `bytes_per_second` (none or 0: no
-    /// limit, the default).
-    pub fn set_snapshot_install_rate(&mut self, bytes_per_second: Option<u64>) {
+    /// limit, the default), but no longer than `within` for the whole install: the leader's
+    /// last chunk waits for the install, and one that outlasted its wait would be sent again.
+    pub fn set_snapshot_install_rate(&mut self, bytes_per_second: Option<u64>, within: Duration) {
         self.snapshot_install_rate = bytes_per_second.filter(|&rate| rate > 0);
+        self.snapshot_install_within = within;
     }
 }
 
@@ -288,7 +293,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         let snapshots = self.snapshots.clone();
         let snapshot_meta = meta.clone();
         let shared = self.shared.clone();
-        let install_rate = self.snapshot_install_rate;
+        let (install_rate, install_within) = (self.snapshot_install_rate, self.snapshot_install_within);
         // Off the async workers: checking, writing and fsyncing a large snapshot takes seconds.
         in_background("snapshot-install", move || {
             let started = Instant::now();
@@ -304,7 +309,9 @@ impl RaftStateMachine<TypeConfig> for StateStore {
             let bytes = std::fs::metadata(&data).map_or(0, |m| m.len());
             shared.log_bytes.set_snapshot_size(bytes);
             shared.installing.store(true, Ordering::Release);
-            let installed = install(&db, &snapshot_meta, &data, &snapshots, Pace::new(install_rate));
+            // The records' bytes are fewer than the file's, so they take no longer than this.
+            let pace = Pace::finishing_within(install_rate, bytes, install_within);
+            let installed = install(&db, &snapshot_meta, &data, &snapshots, pace);
             shared.installing.store(false, Ordering::Release);
             shared.identity.changed();
             installed?;
@@ -1218,6 +1225,29 @@ mod tests {
         node.state.install_snapshot(&snapshot.meta, file).await.unwrap();
         assert_eq!(node.reader.cluster_id().unwrap().as_deref(), Some("third"));
         assert_eq!(node.reader.enrollments().unwrap(), BTreeMap::from([(1, "d".to_string())]));
+    }
+
+    /// An install held to a rate too low for the leader's wait (here a byte a second) is
+    /// raised to what finishes within that wait, and holds every record.
+    #[tokio::test]
+    async fn an_install_at_a_rate_too_low_for_the_leaders_wait_finishes_within_it() {
+        let (_source, snapshot, data, expected) = source_snapshot(3_000).await;
+        let bytes = std::fs::read(data).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut to = open(dir.path());
+        let within = Duration::from_secs(2);
+        to.state.set_snapshot_install_rate(Some(1), within);
+        let mut file = to.state.begin_receiving_snapshot().await.unwrap();
+        file.write_all(&bytes).await.unwrap();
+        let started = Instant::now();
+        tokio::time::timeout(within * 5, to.state.install_snapshot(&snapshot.meta, file))
+            .await
+            .expect("the install finished within its bound")
+            .unwrap();
+        let took = started.elapsed();
+        assert_eq!(dump(&to.reader.db), expected);
+        // Held back to the bound: its records are most of the file's bytes.
+        assert!(took >= within / 2, "{} bytes installed in {took:?}", bytes.len());
     }
 
     #[tokio::test]
