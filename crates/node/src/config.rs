@@ -95,12 +95,14 @@ pub struct Args {
     #[arg(long, env = "STATESTORE_SNAPSHOT_LOG_BYTES")]
     pub snapshot_log_bytes: Option<u64>,
     /// Write a snapshot being built at most this many bytes a second, so that the Raft log's
-    /// fsyncs do not queue behind it. Default 0: as fast as the disk goes.
+    /// fsyncs do not queue behind it. Default 0: as fast as the disk goes; otherwise at least
+    /// 1048576 (1 MiB/s).
     #[arg(long, env = "STATESTORE_SNAPSHOT_WRITE_RATE")]
     pub snapshot_write_rate: Option<u64>,
     /// Write a snapshot received from the leader, and the table files installing it makes, at
     /// most this many bytes a second each, so that the Raft log's fsyncs on the same disk do
-    /// not wait behind them. Default 0: as fast as the disk goes.
+    /// not wait behind them; an install is never held past 30 s. Default 0: as fast as the disk
+    /// goes; otherwise at least 1048576 (1 MiB/s).
     #[arg(long, env = "STATESTORE_SNAPSHOT_INSTALL_RATE")]
     pub snapshot_install_rate: Option<u64>,
     /// Write the applied state to disk once this many log entries were applied since it last
