@@ -795,6 +795,13 @@ mod tests {
             .collect()
     }
 
+    /// `bytes` received as the leader's chunks would be: the file openraft installs from.
+    async fn received(state: &mut StateStore, bytes: &[u8]) -> Box<tokio::fs::File> {
+        let mut file = state.begin_receiving_snapshot().await.unwrap();
+        file.write_all(bytes).await.unwrap();
+        file
+    }
+
     /// A source node of `keys` keys with a snapshot built: its directory (kept alive), the
     /// snapshot, its data file and every record it holds.
     async fn source_snapshot(keys: usize) -> (tempfile::TempDir, Snapshot, PathBuf, Vec<(Table, String, usize)>) {
@@ -1220,8 +1227,7 @@ mod tests {
         from.state.apply([proposed(8, vec![name, enroll(1, "d")])]).await.unwrap();
         let snapshot = from.state.get_snapshot_builder().await.build_snapshot().await.unwrap();
         let (_, data) = from.state.snapshots.current().unwrap().unwrap();
-        let mut file = node.state.begin_receiving_snapshot().await.unwrap();
-        file.write_all(&std::fs::read(data).unwrap()).await.unwrap();
+        let file = received(&mut node.state, &std::fs::read(data).unwrap()).await;
         node.state.install_snapshot(&snapshot.meta, file).await.unwrap();
         assert_eq!(node.reader.cluster_id().unwrap().as_deref(), Some("third"));
         assert_eq!(node.reader.enrollments().unwrap(), BTreeMap::from([(1, "d".to_string())]));
@@ -1237,8 +1243,7 @@ mod tests {
         let mut to = open(dir.path());
         let within = Duration::from_secs(2);
         to.state.set_snapshot_install_rate(Some(1), within);
-        let mut file = to.state.begin_receiving_snapshot().await.unwrap();
-        file.write_all(&bytes).await.unwrap();
+        let file = received(&mut to.state, &bytes).await;
         let started = Instant::now();
         tokio::time::timeout(within * 5, to.state.install_snapshot(&snapshot.meta, file))
             .await
@@ -1263,14 +1268,12 @@ mod tests {
         let mut damaged = bytes.clone();
         let middle = damaged.len() / 2;
         damaged[middle] ^= 0x40;
-        let mut file = to.state.begin_receiving_snapshot().await.unwrap();
-        file.write_all(&damaged).await.unwrap();
+        let file = received(&mut to.state, &damaged).await;
         assert!(to.state.install_snapshot(&snapshot.meta, file).await.is_err(), "a damaged snapshot is refused");
         assert_eq!(dump(&to.reader.db), old, "and nothing changed");
         assert!(to.state.snapshots.current().unwrap().is_none(), "nor was it kept");
 
-        let mut file = to.state.begin_receiving_snapshot().await.unwrap();
-        file.write_all(&bytes).await.unwrap();
+        let file = received(&mut to.state, &bytes).await;
         to.state.install_snapshot(&snapshot.meta, file).await.unwrap();
         assert_eq!(dump(&to.reader.db), expected);
         assert!(!to.reader.installing_snapshot());
