@@ -116,6 +116,7 @@ async fn start_cluster(dir: &std::path::Path, mqtt_port: u16) -> Vec<RunningNode
                 follower_qos: 0,
                 round_trip_bound: Duration::from_secs(2),
                 access: None,
+                response_topics: Default::default(),
             }),
         };
         nodes.push(server::start(&config).await.unwrap());

@@ -1,8 +1,9 @@
 //! Per-client key authorization: which key prefixes each MQTT client may read, write and watch.
 //!
-//! A client is named by the `clients/<id>/` segment of its response topic: the one part of a
-//! request the broker can tie to the publisher (a Mosquitto ACL `pattern read clients/%c/#`
-//! lets a client receive only the answers addressed to its own id). The segment matches an entry
+//! A client is named by the `{client}` segment of its response topic (`clients/<id>/` by
+//! default, `--response-topics`): the one part of a request the broker can tie to the publisher
+//! (a Mosquitto ACL `pattern read clients/%c/#` lets a client receive only the answers addressed
+//! to its own id). The segment matches an entry
 //! by its id, or by the upper-case hex of its id (the Go SDK's response topics). A client that is
 //! not listed gets the prefixes of the `"*"` entry, or none.
 //!
@@ -19,20 +20,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::Arc;
 
 use serde::Deserialize;
-use statestore_protocol::topic::{client_id_from_response_topic, hex_upper};
+use statestore_protocol::topic::hex_upper;
 
 /// The key prefixes of one client; a key is allowed when it starts with one of them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Prefixes(Arc<[Box<[u8]>]>);
-
-impl Prefixes {
-    pub fn allows(&self, key: &[u8]) -> bool {
-        self.0.iter().any(|prefix| key.starts_with(prefix))
-    }
-}
+pub use statestore_statemachine::KeyPrefixes as Prefixes;
 
 /// The authorization map; see the module docs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,10 +52,9 @@ impl KeyAccess {
     /// Parses the map from TOML text.
     pub fn parse(text: &str) -> Result<KeyAccess, String> {
         let file: AccessFile = toml::from_str(text).map_err(|e| e.message().to_string())?;
-        let prefixes =
-            |list: &[String]| Prefixes(list.iter().map(|prefix| prefix.as_bytes().into()).collect::<Vec<_>>().into());
+        let prefixes = |list: &[String]| Prefixes::new(list.iter().map(|prefix| prefix.as_bytes().into()));
         let mut by_segment = HashMap::new();
-        let mut others = Prefixes(Arc::new([]));
+        let mut others = Prefixes::new([]);
         for (id, list) in &file.clients {
             if id == "*" {
                 others = prefixes(list);
@@ -90,11 +82,9 @@ impl KeyAccess {
         Ok(KeyAccess { by_segment, others })
     }
 
-    /// The prefixes of the client answering on `response_topic`.
-    pub fn prefixes_for(&self, response_topic: &str) -> &Prefixes {
-        client_id_from_response_topic(response_topic)
-            .and_then(|segment| self.by_segment.get(segment))
-            .unwrap_or(&self.others)
+    /// The prefixes of the client a response topic names (its `{client}` segment).
+    pub fn prefixes_for(&self, client: &str) -> &Prefixes {
+        self.by_segment.get(client).unwrap_or(&self.others)
     }
 }
 
@@ -109,31 +99,26 @@ mod tests {
         "*" = ["public/"]
     "#;
 
-    fn topic(segment: &str) -> String {
-        format!("clients/{segment}/services/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response")
-    }
-
     #[test]
     fn a_client_gets_its_prefixes_by_id_or_by_its_hex_form() {
         let access = KeyAccess::parse(FILE).unwrap();
         for segment in ["thermostat-1", &hex_upper(b"thermostat-1")] {
-            let prefixes = access.prefixes_for(&topic(segment));
+            let prefixes = access.prefixes_for(segment);
             assert!(prefixes.allows(b"home/thermostat-1/setpoint"));
             assert!(prefixes.allows(b"home/shared/mode"));
             assert!(!prefixes.allows(b"home/thermostat-2/setpoint"));
             assert!(!prefixes.allows(b"public/x"), "a listed client does not also get the default");
         }
-        assert!(access.prefixes_for(&topic("dashboard")).allows(b"anything"));
+        assert!(access.prefixes_for("dashboard").allows(b"anything"));
     }
 
     #[test]
-    fn unlisted_clients_and_foreign_topics_get_the_default() {
+    fn unlisted_clients_get_the_default() {
         let access = KeyAccess::parse(FILE).unwrap();
-        assert!(access.prefixes_for(&topic("stranger")).allows(b"public/x"));
-        assert!(!access.prefixes_for(&topic("stranger")).allows(b"home/shared/mode"));
-        assert!(access.prefixes_for("replies/thermostat-1").allows(b"public/x"));
+        assert!(access.prefixes_for("stranger").allows(b"public/x"));
+        assert!(!access.prefixes_for("stranger").allows(b"home/shared/mode"));
         let strict = KeyAccess::parse("[clients]\n\"a\" = [\"a/\"]\n").unwrap();
-        assert!(!strict.prefixes_for(&topic("b")).allows(b"a/x"), "without \"*\" others get nothing");
+        assert!(!strict.prefixes_for("b").allows(b"a/x"), "without \"*\" others get nothing");
     }
 
     #[test]

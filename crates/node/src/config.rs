@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use serde::{Deserialize, Serialize};
+use statestore_protocol::topic::ResponseTopics;
 use statestore_raft::NodeId;
 
 /// The node's settings, one field each: a flag, its environment variable, and the key of the same
@@ -194,6 +195,13 @@ pub struct Args {
     /// Every node must load the same file. Default: none, every client may use every key.
     #[arg(long, env = "STATESTORE_AUTHORIZATION_FILE")]
     pub authorization_file: Option<PathBuf>,
+    /// The response topics requests may name, comma-separated patterns: `+` is any one segment,
+    /// a final `#` the rest, and `{client}`, once in each, the segment that names the client
+    /// (for authorization, KEYNOTIFY and the per-client quotas). A request naming any other
+    /// topic is dropped unanswered, as one without a response topic is. Default
+    /// `clients/{client}/#`.
+    #[arg(long, env = "STATESTORE_RESPONSE_TOPICS")]
+    pub response_topics: Option<String>,
 }
 
 impl Args {
@@ -284,6 +292,8 @@ pub struct BrokerConfig {
     pub round_trip_bound: Duration,
     /// Which keys each client may use; `None`: every key.
     pub access: Option<KeyAccess>,
+    /// The response topics requests may name, and the segment of each that names the client.
+    pub response_topics: ResponseTopics,
 }
 
 pub use statestore_api::secret::ClusterSecret;
@@ -538,6 +548,12 @@ fn broker_config(id: NodeId, args: &Args) -> Result<Option<BrokerConfig>, Config
         Some(path) => Some(KeyAccess::from_file(&path).map_err(ConfigError::Authorization)?),
         None => None,
     };
+    let response_topics = match &args.response_topics {
+        Some(list) => {
+            ResponseTopics::parse(list).map_err(|e| ConfigError::Broker(format!("--response-topics: {e}")))?
+        }
+        None => ResponseTopics::default(),
+    };
     let Some((host, port)) = address.rsplit_once(':') else {
         return error(format!("{address:?} is not host:port"));
     };
@@ -607,6 +623,7 @@ fn broker_config(id: NodeId, args: &Args) -> Result<Option<BrokerConfig>, Config
         follower_qos,
         round_trip_bound: Duration::from_millis(round_trip_bound_ms),
         access,
+        response_topics,
     }))
 }
 

@@ -35,6 +35,8 @@ pub struct Metrics {
     batch_entries: Histogram,
     batch_bytes: Histogram,
     appends_served: IntCounterVec,
+    dedup_records: IntGauge,
+    dedup_bytes: IntGauge,
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
@@ -105,6 +107,16 @@ impl Metrics {
                 &registry,
                 "statestore_state_unflushed_operations",
                 "Operations applied and not yet in the tables on disk: applied again after a crash",
+            )?,
+            dedup_records: gauge(
+                &registry,
+                "statestore_dedup_records",
+                "Dedup records the applied state holds until their retention ends",
+            )?,
+            dedup_bytes: gauge(
+                &registry,
+                "statestore_dedup_bytes",
+                "Bytes of those records as their budget counts them (writes are refused with the quota error at 268435456)",
             )?,
             proposals,
             proposal_seconds,
@@ -177,6 +189,10 @@ impl Metrics {
         let unflushed = reader.unflushed();
         self.unflushed_entries.set(unflushed.entries as i64);
         self.unflushed_operations.set(unflushed.operations as i64);
+        if let Ok(usage) = reader.dedup_usage() {
+            self.dedup_records.set(usage.records as i64);
+            self.dedup_bytes.set(usage.bytes as i64);
+        }
         let mut text = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut text).expect("text encoding does not fail");
         String::from_utf8(text).expect("the text format is UTF-8")

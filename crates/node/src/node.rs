@@ -356,7 +356,7 @@ impl Node {
     /// Answers a GET or SCAN: linearizably through the pipeline, or from the local state.
     pub async fn read(&self, request: &Request, consistency: ReadConsistency) -> Result<Reply, ExecuteError> {
         if consistency == ReadConsistency::Linearizable {
-            return match self.pipeline.execute(Work::Read(request.clone())).await? {
+            return match self.pipeline.execute(Work::Read(request.clone(), None)).await? {
                 Outcome::Read(reply) => Ok(reply),
                 Outcome::Written(_) => Err(ExecuteError::Storage("a read was answered as a write".into())),
             };

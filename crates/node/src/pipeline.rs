@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use openraft::error::{ClientWriteError, RaftError};
 use statestore_protocol::Request;
 use statestore_raft::{Node as RaftNode, NodeId, Raft, StateReader, TypeConfig};
-use statestore_statemachine::{Applied, Entry, Proposal, Reply};
+use statestore_statemachine::{Applied, Entry, KeyPrefixes, Proposal, Reply};
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::clock_watch::{ClockCheck, ClockVerdict};
@@ -60,9 +60,13 @@ pub const MAX_PROPOSALS_IN_FLIGHT: usize = 1;
 pub enum Work {
     /// Propose this entry and answer with its apply result.
     Write(Entry),
-    /// Answer this GET or SCAN linearizably.
-    Read(Request),
+    /// Answer this GET or SCAN linearizably, for a client confined to these key prefixes
+    /// (`None`: every key).
+    Read(Request, Option<KeyPrefixes>),
 }
+
+/// A read waiting for its turn, and where its answer goes.
+type WaitingRead = (Request, Option<KeyPrefixes>, Answer);
 
 /// What a submission produced.
 #[derive(Debug)]
@@ -99,7 +103,7 @@ enum Stage {
         answers: Vec<Answer>,
         error: ExecuteError,
     },
-    Reads(Vec<(Request, Answer)>),
+    Reads(Vec<WaitingRead>),
 }
 
 /// The request path; cheap to clone.
@@ -245,7 +249,7 @@ async fn batcher(
         let mut next = Some(first);
         while let Some(submission) = next.take().or_else(|| submitted.try_recv().ok()) {
             match submission.work {
-                Work::Read(request) => reads.push((request, submission.answer)),
+                Work::Read(request, within) => reads.push((request, within, submission.answer)),
                 Work::Write(entry) => {
                     let size = entry.approx_bytes();
                     if !batch.is_empty() && (batch.len() >= MAX_BATCH_ENTRIES || bytes + size > MAX_BATCH_BYTES) {
@@ -325,7 +329,7 @@ async fn responder(
     metrics: Metrics,
     notification_hook: Arc<OnceLock<NotificationHook>>,
     mut stages: mpsc::UnboundedReceiver<Stage>,
-    reads: mpsc::UnboundedSender<Vec<(Request, Answer)>>,
+    reads: mpsc::UnboundedSender<Vec<WaitingRead>>,
 ) {
     while let Some(stage) = stages.recv().await {
         match stage {
@@ -384,7 +388,7 @@ async fn reader_task(
     raft: Raft,
     reader: StateReader,
     clock_check: Option<ClockCheck>,
-    mut batches: mpsc::UnboundedReceiver<Vec<(Request, Answer)>>,
+    mut batches: mpsc::UnboundedReceiver<Vec<WaitingRead>>,
 ) {
     while let Some(mut waiting) = batches.recv().await {
         while let Ok(more) = batches.try_recv() {
@@ -398,8 +402,8 @@ async fn reader_task(
         if let (Ok(()), Some(check)) = (&confirmed, &clock_check) {
             confirmed = clock_agrees(check, Some(now)).await.map_err(ExecuteError::Unavailable);
         }
-        for (request, answer) in waiting {
-            let outcome = confirmed.clone().and_then(|()| match reader.read(&request, now) {
+        for (request, within, answer) in waiting {
+            let outcome = confirmed.clone().and_then(|()| match reader.read_within(&request, now, within.as_ref()) {
                 Ok(Some(reply)) => Ok(Outcome::Read(reply)),
                 Ok(None) => Err(ExecuteError::Storage("only GET and SCAN are reads".into())),
                 Err(e) => Err(ExecuteError::Storage(e.to_string())),

@@ -61,7 +61,7 @@ struct Harness {
 impl Harness {
     /// A single-node store, leading, with a front end on a recording link.
     async fn start() -> Harness {
-        Harness::start_with(ClientPolicy { inflight: 500, access: None }).await
+        Harness::start_with(ClientPolicy::default()).await
     }
 
     /// The same, serving clients under `policy`.
@@ -322,7 +322,7 @@ async fn the_leader_expires_keys_and_notifies_their_deletion() {
 /// at once with the error that names the limit, while other clients are served.
 #[tokio::test]
 async fn a_client_beyond_its_in_flight_limit_is_answered_at_once_and_others_are_served() {
-    let mut h = Harness::start_with(ClientPolicy { inflight: 2, access: None }).await;
+    let mut h = Harness::start_with(ClientPolicy { inflight: 2, ..ClientPolicy::default() }).await;
     const GREEDY: u8 = 40;
     for i in 0..GREEDY {
         h.send("greedy", i, Set::new(format!("g{i}"), "v").encode(), |_| {});
@@ -350,13 +350,91 @@ async fn a_client_beyond_its_in_flight_limit_is_answered_at_once_and_others_are_
     assert_eq!(&h.next_publish().await.payload[..], b"+OK\r\n");
 }
 
+/// The in-flight limit counts a client by the client its response topic names, the identity
+/// its broker ACL ties to it: a new `__srcId` on every request does not buy more places.
+#[tokio::test]
+async fn a_client_that_rotates_its_src_id_is_still_held_to_its_in_flight_limit() {
+    let mut h = Harness::start_with(ClientPolicy { inflight: 2, ..ClientPolicy::default() }).await;
+    const GREEDY: u8 = 40;
+    for i in 0..GREEDY {
+        h.send("greedy", i, Set::new(format!("g{i}"), "v").encode(), |publish| {
+            let user = &mut publish.properties.as_mut().unwrap().user_properties;
+            user.retain(|(k, _)| k != "__srcId");
+            user.push(("__srcId".into(), format!("disguise-{i}")));
+        });
+    }
+    let (mut refused, mut written, mut acks) = (0, 0, 0);
+    while refused + written < usize::from(GREEDY) || acks < usize::from(GREEDY) {
+        match h.next().await {
+            Event::Acked(_) => acks += 1,
+            Event::Published(outbound) => match &outbound.payload[..] {
+                b"+OK\r\n" => written += 1,
+                b"-ERR too many requests in flight for this client\r\n" => refused += 1,
+                other => panic!("unexpected answer {:?}", String::from_utf8_lossy(other)),
+            },
+        }
+    }
+    assert!(written >= 2 && refused >= 1, "{written} written, {refused} refused");
+}
+
+/// A request whose response topic lies outside the allowed patterns (`clients/{client}/#` by
+/// default) is acknowledged and dropped unanswered, so the node never publishes onto a topic a
+/// client names, such as another device's command topic.
+#[tokio::test]
+async fn a_request_naming_a_topic_outside_the_allowed_patterns_is_dropped_unanswered() {
+    let mut h = Harness::start().await;
+    let set = h.send("owner", 1, Set::new("setpoint", "{\"setpoint\": 99}").encode(), |_| {});
+    assert_eq!(h.answer(set).await.0, Response::Ok);
+    let hijack = h.send("owner", 2, Get { key: b"setpoint".to_vec() }.encode(), |publish| {
+        publish.properties.as_mut().unwrap().response_topic = Some("devices/thermostat-9/commands/set".into());
+    });
+    assert_eq!(h.next_ack().await, hijack, "acknowledged without an answer");
+    let get = h.send("owner", 3, Get { key: b"setpoint".to_vec() }.encode(), |_| {});
+    let (response, outbound) = h.answer(get).await;
+    assert_eq!(response, Response::Value(b"{\"setpoint\": 99}".to_vec()));
+    assert!(outbound.topic.starts_with("clients/owner/"), "{}", outbound.topic);
+    assert!(
+        metrics(&h.node).contains("statestore_requests_dropped_total{reason=\"response_topic_not_allowed\"} 1"),
+        "{}",
+        metrics(&h.node)
+    );
+}
+
+/// KEYNOTIFY takes the client from the response topic: a STOP naming the victim's `__srcId`
+/// with a topic that names no client is dropped, and one from another client's topic is
+/// refused; the victim's registration stays and it is still notified.
+#[tokio::test]
+async fn nobody_can_stop_another_clients_notifications() {
+    let mut h = Harness::start().await;
+    let watch = statestore_protocol::Command::KeyNotify(KeyNotify { key: b"door".to_vec(), stop: false }).encode();
+    let registered = h.send("victim", 1, watch, |_| {});
+    assert_eq!(h.answer(registered).await.0, Response::Ok);
+    let stop = statestore_protocol::Command::KeyNotify(KeyNotify { key: b"door".to_vec(), stop: true }).encode();
+    let as_victim = |topic: &'static str| {
+        move |publish: &mut Publish| {
+            let properties = publish.properties.as_mut().unwrap();
+            properties.response_topic = Some(topic.into());
+            properties.user_properties.retain(|(k, _)| k != "__srcId");
+            properties.user_properties.push(("__srcId".into(), "victim".into()));
+        }
+    };
+    let elsewhere = h.send("attacker", 2, stop.clone(), as_victim("probe/out"));
+    assert_eq!(h.next_ack().await, elsewhere, "dropped unanswered");
+    let own_topic = h.send("attacker", 3, stop, as_victim("clients/attacker/response"));
+    assert_eq!(h.answer(own_topic).await.0, Response::Error(statestore_protocol::StoreError::ClientIdMismatch));
+    let set = h.send("writer", 4, Set::new("door", "open").encode(), |_| {});
+    let notification = h.next_publish().await;
+    assert_eq!(notification.topic, notification_topic("victim", "door"));
+    assert_eq!(h.answer(set).await.0, Response::Ok);
+}
+
 /// Under an authorization map a client uses only the keys under its prefixes: other keys are
 /// answered `not authorized` (and acknowledged, and left as they were), and its SCAN pages list
 /// only its keys, while a client with every prefix sees all.
 #[tokio::test]
 async fn an_authorization_map_confines_each_client_to_its_prefixes() {
     let access = KeyAccess::parse("[clients]\nprobe = [\"probe\"]\ntenant = [\"a/\"]\nadmin = [\"\"]\n").unwrap();
-    let mut h = Harness::start_with(ClientPolicy { inflight: 500, access: Some(access) }).await;
+    let mut h = Harness::start_with(ClientPolicy { access: Some(access), ..ClientPolicy::default() }).await;
     async fn expect(h: &mut Harness, client: &str, payload: Vec<u8>) -> Response {
         let correlation = h.next_pkid as u8;
         let pkid = h.send(client, correlation, payload, |_| {});
@@ -382,5 +460,12 @@ async fn an_authorization_map_confines_each_client_to_its_prefixes() {
         other => panic!("not a last SCAN page: {other:?}"),
     };
     assert_eq!(listed(expect(&mut h, "tenant", scan("*")).await), vec![b"a/1".to_vec()]);
-    assert_eq!(listed(expect(&mut h, "admin", scan("*")).await), vec![b"a/1".to_vec(), b"b/1".to_vec()]);
+    // More of another client's keys than a page holds: the tenant's page still ends with its
+    // own key and no token, where it once carried the last key examined, another's key.
+    for i in 0..150 {
+        assert_eq!(expect(&mut h, "admin", Set::new(format!("b/k{i:03}"), "theirs").encode()).await, Response::Ok);
+    }
+    assert_eq!(listed(expect(&mut h, "tenant", scan("*")).await), vec![b"a/1".to_vec()]);
+    let Response::Keys { keys: first_page, .. } = expect(&mut h, "admin", scan("*")).await else { panic!() };
+    assert_eq!(first_page[..2], [b"a/1".to_vec(), b"b/1".to_vec()].map(serde_bytes::ByteBuf::from));
 }

@@ -19,6 +19,8 @@ pub enum ResponseTopicProblem {
     Forbidden,
     #[error("the response topic is not a valid MQTT topic name")]
     Invalid,
+    #[error("the response topic matches none of the allowed patterns (--response-topics)")]
+    NotAllowed,
 }
 
 impl ResponseTopicProblem {
@@ -28,6 +30,7 @@ impl ResponseTopicProblem {
             ResponseTopicProblem::Missing => "missing_response_topic",
             ResponseTopicProblem::Forbidden => "forbidden_response_topic",
             ResponseTopicProblem::Invalid => "invalid_response_topic",
+            ResponseTopicProblem::NotAllowed => "response_topic_not_allowed",
         }
     }
 }
@@ -45,11 +48,102 @@ pub fn check_response_topic(topic: Option<&str>) -> Result<&str, ResponseTopicPr
     Ok(topic)
 }
 
-/// The client id in a `clients/{id}/...` response topic: the fallback when `__srcId` is absent.
-pub fn client_id_from_response_topic(topic: &str) -> Option<&str> {
-    let rest = topic.strip_prefix("clients/")?;
-    let (client_id, _) = rest.split_once('/')?;
-    (!client_id.is_empty()).then_some(client_id)
+/// The response topics a node answers on by default: the `clients/<id>/` tree that a broker ACL
+/// such as Mosquitto's `pattern read clients/%c/#` gives each client for itself.
+pub const DEFAULT_RESPONSE_TOPICS: &str = "clients/{client}/#";
+
+/// The segment of a response-topic pattern that names the client.
+const CLIENT_SEGMENT: &str = "{client}";
+
+/// One pattern of response topics: `/`-separated segments, each a literal, `+` (any one
+/// segment), `{client}` (exactly once: the segment that names the client, never empty) or, last
+/// only, `#` (the rest, possibly nothing). `clients/{client}/#` is the default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseTopicPattern {
+    segments: Vec<PatternSegment>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PatternSegment {
+    Literal(String),
+    AnyOne,
+    Client,
+    Rest,
+}
+
+impl ResponseTopicPattern {
+    /// Parses one pattern; the error says what is wrong with it.
+    pub fn parse(text: &str) -> Result<ResponseTopicPattern, String> {
+        let parts: Vec<&str> = text.split('/').collect();
+        let mut segments = Vec::with_capacity(parts.len());
+        for (i, part) in parts.iter().enumerate() {
+            segments.push(match *part {
+                "+" => PatternSegment::AnyOne,
+                "#" if i + 1 == parts.len() => PatternSegment::Rest,
+                "#" => return Err(format!("{text:?}: `#` may only be the last segment")),
+                CLIENT_SEGMENT => PatternSegment::Client,
+                literal if literal.contains(['+', '#', '{', '}', '\0']) => {
+                    return Err(format!("{text:?}: segment {literal:?} mixes a wildcard with text"))
+                }
+                literal => PatternSegment::Literal(literal.to_string()),
+            });
+        }
+        match segments.iter().filter(|segment| **segment == PatternSegment::Client).count() {
+            1 => Ok(ResponseTopicPattern { segments }),
+            _ => Err(format!("{text:?}: a pattern names the client with exactly one `{CLIENT_SEGMENT}` segment")),
+        }
+    }
+
+    /// The client segment of `topic`, if the pattern matches it.
+    pub fn client_of<'t>(&self, topic: &'t str) -> Option<&'t str> {
+        let mut parts = topic.split('/');
+        let mut client = None;
+        for segment in &self.segments {
+            match segment {
+                PatternSegment::Rest => return client,
+                PatternSegment::Literal(literal) => {
+                    if parts.next()? != literal {
+                        return None;
+                    }
+                }
+                PatternSegment::AnyOne => {
+                    parts.next()?;
+                }
+                PatternSegment::Client => client = Some(parts.next().filter(|part| !part.is_empty())?),
+            }
+        }
+        match parts.next() {
+            None => client,
+            Some(_) => None,
+        }
+    }
+}
+
+/// The response topics a node answers on: a request naming any other is dropped unanswered
+/// ([`ResponseTopicProblem::NotAllowed`]), so a client cannot make a node publish onto a topic
+/// the client could not publish to itself. The pattern that matches also names the client,
+/// which authorization, KEYNOTIFY and the per-client quotas go by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseTopics(Vec<ResponseTopicPattern>);
+
+impl ResponseTopics {
+    /// Parses a comma-separated list of patterns.
+    pub fn parse(list: &str) -> Result<ResponseTopics, String> {
+        let patterns =
+            list.split(',').map(str::trim).map(ResponseTopicPattern::parse).collect::<Result<Vec<_>, _>>()?;
+        Ok(ResponseTopics(patterns))
+    }
+
+    /// The client that `topic` names, by the first pattern that matches it.
+    pub fn client_of<'t>(&self, topic: &'t str) -> Option<&'t str> {
+        self.0.iter().find_map(|pattern| pattern.client_of(topic))
+    }
+}
+
+impl Default for ResponseTopics {
+    fn default() -> Self {
+        ResponseTopics::parse(DEFAULT_RESPONSE_TOPICS).expect("the default patterns parse")
+    }
 }
 
 /// Upper-case base16 (RFC 4648 §8), as the SDKs decode notification topics.
@@ -105,10 +199,11 @@ mod tests {
             "clients/rust-client/services/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response",
             "clients/676F2D636C69656E74/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response",
             "clients/dotnet/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke",
-            "anything/else",
         ] {
             assert_eq!(check_response_topic(Some(topic)), Ok(topic));
+            assert!(ResponseTopics::default().client_of(topic).is_some(), "{topic}");
         }
+        assert_eq!(check_response_topic(Some("anything/else")), Ok("anything/else"));
     }
 
     #[test]
@@ -132,10 +227,26 @@ mod tests {
     }
 
     #[test]
-    fn client_id_falls_back_to_the_response_topic_prefix() {
-        assert_eq!(client_id_from_response_topic("clients/abc/services/x/response"), Some("abc"));
-        assert_eq!(client_id_from_response_topic("clients//x"), None);
-        assert_eq!(client_id_from_response_topic("clients/abc"), None);
-        assert_eq!(client_id_from_response_topic("other/abc/x"), None);
+    fn the_default_pattern_names_the_client_of_a_clients_topic_and_refuses_others() {
+        let topics = ResponseTopics::default();
+        assert_eq!(topics.client_of("clients/abc/services/x/response"), Some("abc"));
+        assert_eq!(topics.client_of("clients/abc"), Some("abc"), "`#` matches nothing too, as in MQTT");
+        assert_eq!(topics.client_of("clients//x"), None, "the client segment is never empty");
+        assert_eq!(topics.client_of("devices/thermostat-9/commands/set"), None);
+        assert_eq!(topics.client_of("probe/out"), None);
+        assert_eq!(topics.client_of("clientsx/abc/y"), None);
+    }
+
+    #[test]
+    fn patterns_take_literals_single_wildcards_and_one_client_segment() {
+        let topics = ResponseTopics::parse("replies/+/{client}, tenants/{client}/#").unwrap();
+        assert_eq!(topics.client_of("replies/eu/c1"), Some("c1"));
+        assert_eq!(topics.client_of("replies/eu/c1/more"), None, "no `#`: nothing after the last segment");
+        assert_eq!(topics.client_of("replies/c1"), None);
+        assert_eq!(topics.client_of("tenants/t9/a/b"), Some("t9"));
+        assert_eq!(topics.client_of("clients/c1/x"), None, "the default is replaced, not extended");
+        for bad in ["clients/#/x", "a/{client}/{client}", "no/client/#", "a/b{client}", "", "a/+x/{client}"] {
+            assert!(ResponseTopics::parse(bad).is_err(), "{bad:?}");
+        }
     }
 }

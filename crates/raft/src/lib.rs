@@ -57,7 +57,7 @@ use std::sync::Arc;
 use rocksdb::DB;
 use statestore_protocol::Request;
 use statestore_statemachine::{
-    Config, DueKey, Operation, OutboxEntry, Reply, RequestIdentity, StateMachine, StorageError,
+    Config, DueKey, KeyPrefixes, Operation, OutboxEntry, Reply, RequestIdentity, StateMachine, StorageError,
 };
 use tokio::sync::broadcast;
 
@@ -371,7 +371,22 @@ impl StateReader {
 
     /// Answers a GET or SCAN from the applied state; `None` for commands that write.
     pub fn read(&self, request: &Request, wall_clock_ms: u64) -> Result<Option<Reply>, StorageError> {
-        self.checked(self.machine.read(&db::Tables { db: &self.db }, request, wall_clock_ms))
+        self.read_within(request, wall_clock_ms, None)
+    }
+
+    /// [`StateReader::read`] for a client confined to `within`: a SCAN examines only its keys.
+    pub fn read_within(
+        &self,
+        request: &Request,
+        wall_clock_ms: u64,
+        within: Option<&KeyPrefixes>,
+    ) -> Result<Option<Reply>, StorageError> {
+        self.checked(self.machine.read_within(&db::Tables { db: &self.db }, request, wall_clock_ms, within))
+    }
+
+    /// The dedup records the applied state accounts (bytes and count), which its budget bounds.
+    pub fn dedup_usage(&self) -> Result<statestore_statemachine::dedup::DedupUsage, StorageError> {
+        self.checked(statestore_statemachine::dedup::usage(&db::Tables { db: &self.db }))
     }
 
     /// Keys whose deadline has passed at `now`, oldest first.

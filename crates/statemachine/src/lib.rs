@@ -32,6 +32,6 @@ pub use entry::{
 pub use keyspace::{DueKey, KeyRecord};
 pub use machine::{Config, StateMachine};
 pub use meta::VERSION_NODE_ID;
-pub use scan::ScanLimits;
+pub use scan::{KeyPrefixes, ScanLimits};
 pub use storage::{Batch, MemStorage, Overlay, Storage, StorageError, StorageRead, Table, Txn};
 pub use watch::RegistrationLimits;

@@ -9,7 +9,7 @@ use statestore_protocol::{
 
 use crate::entry::{Applied, ClientRequest, Entry, Operation, OutboxEntry, Reply};
 use crate::keyspace::{self, KeyRecord};
-use crate::scan::{self, ScanLimits};
+use crate::scan::{self, KeyPrefixes, ScanLimits};
 use crate::storage::{Overlay, Storage, StorageError, StorageRead, Txn};
 use crate::watch::{Registered, RegistrationLimits};
 use crate::{dedup, meta, watch};
@@ -24,8 +24,15 @@ pub struct Config {
     pub scan: ScanLimits,
     /// Retention of a dedup entry when the request carried no message expiry.
     pub default_message_expiry_secs: u32,
-    /// Dedup entries are kept for the request's message expiry plus this.
+    /// Dedup entries are kept for the request's message expiry, at most
+    /// `max_dedup_retention_ms`, plus this.
     pub dedup_grace_ms: u64,
+    /// The longest message expiry a dedup entry is kept for: a copy of a request that arrives
+    /// later than this (plus the grace) after it was applied is executed again.
+    pub max_dedup_retention_ms: u64,
+    /// Bytes of dedup records (`dedup::usage`) at which writes are refused with `the quota has
+    /// been exceeded` until records expire.
+    pub max_dedup_bytes: u64,
     /// KEYNOTIFY registrations beyond these answer `the quota has been exceeded`.
     pub registrations: RegistrationLimits,
 }
@@ -38,6 +45,8 @@ impl Default for Config {
             scan: ScanLimits::default(),
             default_message_expiry_secs: 10,
             dedup_grace_ms: 60_000,
+            max_dedup_retention_ms: 10 * 60_000,
+            max_dedup_bytes: 256 << 20,
             registrations: RegistrationLimits::default(),
         }
     }
@@ -102,6 +111,15 @@ impl StateMachine {
                     if let Some(reply) = dedup::lookup(apply.txn, identity, now)? {
                         return Ok(Applied { reply, notifications: Vec::new(), deduplicated: true });
                     }
+                    // A request it could not remember is not executed: its retry would run again.
+                    dedup::release_expired(apply.txn, now)?;
+                    if dedup::usage(apply.txn)?.bytes >= self.config.max_dedup_bytes {
+                        return Ok(Applied {
+                            reply: Reply::error(StoreError::QuotaExceeded),
+                            notifications: Vec::new(),
+                            deduplicated: false,
+                        });
+                    }
                 }
                 let reply = match apply.execute(request) {
                     Ok(reply) => reply,
@@ -110,8 +128,8 @@ impl StateMachine {
                 };
                 if let Some(identity) = &request.identity {
                     let expiry_secs = request.message_expiry_secs.unwrap_or(self.config.default_message_expiry_secs);
-                    let retain_until =
-                        now.saturating_add(u64::from(expiry_secs) * 1000).saturating_add(self.config.dedup_grace_ms);
+                    let expiry_ms = (u64::from(expiry_secs) * 1000).min(self.config.max_dedup_retention_ms);
+                    let retain_until = now.saturating_add(expiry_ms).saturating_add(self.config.dedup_grace_ms);
                     dedup::remember(apply.txn, identity, &reply, retain_until)?;
                 }
                 reply
@@ -146,6 +164,18 @@ impl StateMachine {
         request: &Request,
         wall_clock_ms: u64,
     ) -> Result<Option<Reply>, StorageError> {
+        self.read_within(store, request, wall_clock_ms, None)
+    }
+
+    /// [`StateMachine::read`] for a client confined to `within`: a SCAN examines only the keys
+    /// it allows. (A GET of another key is refused before it gets here.)
+    pub fn read_within(
+        &self,
+        store: &(impl StorageRead + ?Sized),
+        request: &Request,
+        wall_clock_ms: u64,
+        within: Option<&KeyPrefixes>,
+    ) -> Result<Option<Reply>, StorageError> {
         let now = self.now(store, wall_clock_ms)?;
         if !request.command.is_read() {
             return Ok(None);
@@ -155,7 +185,7 @@ impl StateMachine {
         }
         Ok(Some(match &request.command {
             Command::Get(get) => read_get(store, get, now)?,
-            Command::Scan(scan) => Reply::new(scan::scan(store, scan, now, self.config.scan)?, None),
+            Command::Scan(scan) => Reply::new(scan::scan(store, scan, now, self.config.scan, within)?, None),
             _ => unreachable!("is_read covers GET and SCAN"),
         }))
     }
@@ -199,7 +229,7 @@ impl<T: Txn> Apply<'_, T> {
             Command::Del(del) => self.delete(&del.key, None, timestamp, fencing_token),
             Command::VDel(vdel) => self.delete(&vdel.key, Some(&vdel.value), timestamp, fencing_token),
             Command::KeyNotify(keynotify) => self.keynotify(keynotify, client.client_id.as_deref()),
-            Command::Scan(scan) => Ok(Reply::new(scan::scan(self.txn, scan, self.now, self.config.scan)?, None)),
+            Command::Scan(scan) => Ok(Reply::new(scan::scan(self.txn, scan, self.now, self.config.scan, None)?, None)),
         }
     }
 

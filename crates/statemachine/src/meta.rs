@@ -22,10 +22,17 @@ const CLIENT_REGISTRATIONS: &[u8] = b"registrations_of/";
 const CLUSTER_ID: &[u8] = b"cluster_id";
 /// Followed by a node id (8 bytes, big-endian): that member's storage incarnation.
 const INCARNATION_OF: &[u8] = b"incarnation_of/";
+/// Bytes and records of the dedup table that apply has accounted and not yet released.
+pub(crate) const DEDUP_USAGE: &[u8] = b"dedup_usage";
+/// Followed by a time (ms, u64 big-endian, a whole second): the bytes and records of the dedup
+/// records whose retention ends within the second before it.
+pub(crate) const DEDUP_DUE: &[u8] = b"dedup_due/";
+/// The earliest time under [`DEDUP_DUE`], absent when none.
+pub(crate) const DEDUP_NEXT_DUE: &[u8] = b"dedup_next_due";
 
 /// Meta keys the state machine owns; other layers sharing [`Table::Meta`] must not use them.
-/// [`CLIENT_REGISTRATIONS`] and [`INCARNATION_OF`] are prefixes: every key starting with it is reserved too.
-pub const RESERVED_META_KEYS: [&[u8]; 9] = [
+/// [`CLIENT_REGISTRATIONS`], [`INCARNATION_OF`] and [`DEDUP_DUE`] are prefixes: every key starting with it is reserved too.
+pub const RESERVED_META_KEYS: [&[u8]; 12] = [
     CLOCK,
     VERSION,
     KEY_COUNT,
@@ -35,6 +42,9 @@ pub const RESERVED_META_KEYS: [&[u8]; 9] = [
     CLIENT_REGISTRATIONS,
     CLUSTER_ID,
     INCARNATION_OF,
+    DEDUP_USAGE,
+    DEDUP_DUE,
+    DEDUP_NEXT_DUE,
 ];
 
 fn read_u64(store: &(impl StorageRead + ?Sized), key: &[u8]) -> Result<u64, StorageError> {

@@ -5,7 +5,7 @@ mod common;
 use common::cmd::*;
 use common::{ok, Client, Harness};
 use statestore_protocol::{Response, StoreError};
-use statestore_statemachine::{Config, ScanLimits};
+use statestore_statemachine::{Config, KeyPrefixes, ScanLimits};
 
 /// Pages through a whole scan; returns the keys and the number of pages.
 fn scan_all(h: &Harness, pattern: &str) -> (Vec<String>, usize) {
@@ -165,4 +165,54 @@ fn a_costly_pattern_over_long_keys_returns_bounded_pages() {
     let (keys, pages) = scan_all(&h, &pattern);
     assert_eq!(keys, [format!("39{}b", "a".repeat(2_000))]);
     assert!(pages > 2, "{pages} pages");
+}
+
+/// A client confined to some prefixes pages through its own keys only, and no page's token
+/// names a key outside them: with other clients' keys before, between and after its own, and
+/// pages that end on the key limit, the examine limit and the end of a range.
+#[test]
+fn a_confined_scan_examines_and_names_only_allowed_keys() {
+    let mut h = Harness::with_config(Config {
+        scan: ScanLimits { page_keys: 3, examine: 5, ..Default::default() },
+        ..Default::default()
+    });
+    let mut c = Client::new("c");
+    let mut mine = Vec::new();
+    for i in 0..40 {
+        for tenant in ["a-secret", "mine/x", "n-secret", "mine/y", "z-secret"] {
+            let key = format!("{tenant}/{i:02}");
+            ok(&h.send(&mut c, set(&key, "v"), None));
+            if key.starts_with("mine/") && key.ends_with('7') {
+                mine.push(key);
+            }
+        }
+    }
+    mine.sort();
+    let within = KeyPrefixes::new([b"mine/x/".to_vec().into(), b"mine/".to_vec().into(), b"nothing/".to_vec().into()]);
+    let (mut keys, mut token, mut pages) = (Vec::new(), None::<Vec<u8>>, 0);
+    loop {
+        pages += 1;
+        assert!(pages < 1_000, "the scan must end");
+        match h.read_within(scan("*7", token.as_deref()), &within).response {
+            Response::Keys { keys: page, token: next } => {
+                for key in page.iter().chain(next.iter()) {
+                    assert!(key.starts_with(b"mine/"), "a page names {:?}", String::from_utf8_lossy(key));
+                }
+                keys.extend(page.into_iter().map(|k| String::from_utf8(k.into_vec()).unwrap()));
+                match next {
+                    Some(next) => token = Some(next.into_vec()),
+                    None => break,
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(keys, mine);
+    // A pattern whose literal prefix lies within an allowed prefix, and one outside every one.
+    let (page, _) = match h.read_within(scan("mine/y/0*", None), &within).response {
+        Response::Keys { keys, token } => (keys, token),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(page.len(), 3);
+    assert_eq!(h.read_within(scan("a-secret/*", None), &within).response, Response::Keys { keys: vec![], token: None });
 }

@@ -564,6 +564,61 @@ fn dedup_entries_are_kept_for_message_expiry_plus_a_minute_then_ignored() {
     assert_eq!(again.reply, late.reply);
 }
 
+/// A message expiry of a year keeps its dedup record ten minutes plus the grace, not a year.
+#[test]
+fn dedup_retention_is_capped_whatever_the_message_expiry() {
+    let (mut h, mut c) = (Harness::new(), Client::new("c"));
+    c.clock.update_now(h.now, u64::MAX).unwrap();
+    let request =
+        statestore_protocol::Request::parse(&nx("k", "v").encode(), Some(&c.clock.to_string()), None).unwrap();
+    let identity = h.identity(&c);
+    let year = statestore_statemachine::ClientRequest {
+        request: request.clone(),
+        client_id: Some(c.id.clone()),
+        identity: Some(identity),
+        message_expiry_secs: Some(365 * 24 * 3600),
+    };
+    ok(&h.apply(Operation::Request(year.clone())));
+    let cap = h.machine.config().max_dedup_retention_ms + h.machine.config().dedup_grace_ms;
+    assert_eq!(cap, 11 * 60_000);
+    h.advance(cap - 1);
+    assert!(h.apply(Operation::Request(year.clone())).deduplicated);
+    h.advance(1);
+    let late = h.apply(Operation::Request(year));
+    assert!(!late.deduplicated, "kept past the cap");
+    assert_eq!(late.reply.response, Response::Int(-1));
+}
+
+/// Dedup records count against a byte budget: at the budget a write is refused with the quota
+/// error and changes nothing (it could not be remembered), a copy of one already applied is
+/// still answered from the table, and once records expire writes are taken again. Every
+/// replica accounts the same.
+#[test]
+fn dedup_records_are_bounded_by_bytes() {
+    let config = statestore_statemachine::Config { max_dedup_bytes: 2_000, ..Default::default() };
+    let (mut h, mut c) = (Harness::with_config(config), Client::new("c"));
+    let mut accepted = Vec::new();
+    let refused = loop {
+        let applied = h.send(&mut c, set("k", &format!("v{}", accepted.len())), None);
+        if applied.reply.response != Response::Ok {
+            break applied;
+        }
+        accepted.push(applied);
+        assert!(accepted.len() < 100, "the budget never refused a write");
+    };
+    assert_eq!(refused.reply.response, Response::Error(StoreError::QuotaExceeded));
+    let usage = statestore_statemachine::dedup::usage(&h.store).unwrap();
+    assert!(usage.bytes >= 2_000 && usage.bytes < 2_000 + 200, "{usage:?}");
+    assert_eq!(usage.records as usize, accepted.len());
+    // The refused write changed nothing.
+    let get = h.read(get("k"));
+    assert_eq!(get.response, Response::Value(format!("v{}", accepted.len() - 1).into_bytes()));
+    // Retention ends (10 s of message expiry and the minute's grace): writes are taken again.
+    h.advance(10_000 + 60_000 + 1_000);
+    ok(&h.send(&mut c, set("k", "later"), None));
+    assert_eq!(statestore_statemachine::dedup::usage(&h.store).unwrap().records, 1);
+}
+
 #[test]
 fn quotas_on_keys_and_bytes() {
     let config = statestore_statemachine::Config { max_keys: 2, max_bytes: 20, ..Default::default() };

@@ -6,9 +6,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
-use statestore_protocol::topic::{
-    check_response_topic, client_id_from_response_topic, hex_upper, ResponseTopicProblem,
-};
+use statestore_protocol::topic::{check_response_topic, hex_upper, ResponseTopicProblem, ResponseTopics};
 use statestore_protocol::{property, Command, Hlc, Request, Response, StoreError};
 use statestore_statemachine::{ClientRequest, Reply, RequestIdentity};
 
@@ -70,7 +68,11 @@ pub enum Delivered {
 pub struct Inbound {
     pub response_topic: String,
     pub correlation_data: Option<Bytes>,
-    /// `__srcId`, else the `clients/{id}/` prefix of the response topic.
+    /// The client its response topic names (the `{client}` segment of the pattern it matches):
+    /// what key authorization and the per-client quotas go by, since a broker ACL can tie it to
+    /// the publisher, which it cannot do for `__srcId`.
+    pub client: String,
+    /// `__srcId`, else [`Inbound::client`]; for KEYNOTIFY, `__srcId` must agree with the client.
     pub client_id: Option<String>,
     pub message_expiry_secs: Option<u32>,
     /// When the client stops waiting: receipt plus the remaining message expiry.
@@ -83,12 +85,14 @@ pub struct Inbound {
 impl Inbound {
     /// Reads a request publish received at `received`. A request its client published at QoS 0
     /// is dropped; one `delivered` at QoS 0 through a QoS 0 subscription may have been QoS 1
-    /// and is kept. Under an authorization map (`access`), a command on a key outside the
-    /// client's prefixes is answered `not authorized`.
+    /// and is kept. One whose response topic matches none of `topics` is dropped. Under an
+    /// authorization map (`access`), a command on a key outside the client's prefixes is
+    /// answered `not authorized`.
     pub fn classify(
         publish: &Publish,
         delivered: Delivered,
         received: Instant,
+        topics: &ResponseTopics,
         access: Option<&KeyAccess>,
     ) -> Result<Inbound, DropReason> {
         if publish.qos == QoS::AtMostOnce && delivered == Delivered::AsPublished {
@@ -98,13 +102,17 @@ impl Inbound {
         let properties = publish.properties.as_ref().unwrap_or(&empty);
         let response_topic =
             check_response_topic(properties.response_topic.as_deref()).map_err(DropReason::ResponseTopic)?.to_string();
+        let client = topics
+            .client_of(&response_topic)
+            .ok_or(DropReason::ResponseTopic(ResponseTopicProblem::NotAllowed))?
+            .to_string();
         let user = |name: &str| properties.user_properties.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
         let src_id = user(property::SOURCE_ID).filter(|id| !id.is_empty());
-        let client_id = src_id.or_else(|| client_id_from_response_topic(&response_topic)).map(str::to_string);
+        let client_id = Some(src_id.unwrap_or(&client).to_string());
         let message_expiry_secs = properties.message_expiry_interval;
         let deadline = message_expiry_secs.map(|secs| received + Duration::from_secs(u64::from(secs)));
         let correlation_data = properties.correlation_data.clone().filter(|data| !data.is_empty());
-        let allowed = access.map(|access| access.prefixes_for(&response_topic).clone());
+        let allowed = access.map(|access| access.prefixes_for(&client).clone());
         let refused = |key: Option<&[u8]>| match (&allowed, key) {
             (Some(prefixes), Some(key)) => !prefixes.allows(key),
             _ => false,
@@ -117,9 +125,7 @@ impl Inbound {
             match Request::parse(&publish.payload, user(property::TIMESTAMP), user(property::FENCING_TOKEN)) {
                 // Registrations belong to the client id: one that disagrees with the response
                 // topic, which the broker's ACLs can tie to the publisher, is not taken on trust.
-                Ok(request)
-                    if matches!(request.command, Command::KeyNotify(_)) && !src_id_matches(src_id, &response_topic) =>
-                {
+                Ok(request) if matches!(request.command, Command::KeyNotify(_)) && !src_id_matches(src_id, &client) => {
                     Body::Invalid(StoreError::ClientIdMismatch)
                 }
                 Ok(request) if refused(request.command.key()) => Body::Invalid(StoreError::NotAuthorized),
@@ -127,7 +133,16 @@ impl Inbound {
                 Err(error) => Body::Invalid(error),
             }
         };
-        Ok(Inbound { response_topic, correlation_data, client_id, message_expiry_secs, deadline, allowed, body })
+        Ok(Inbound {
+            response_topic,
+            correlation_data,
+            client,
+            client_id,
+            message_expiry_secs,
+            deadline,
+            allowed,
+            body,
+        })
     }
 
     /// `reply` as this client may see it: a SCAN page keeps only the keys it is authorized for
@@ -141,7 +156,7 @@ impl Inbound {
 
     /// The key under which this request counts against its client's in-flight limit.
     pub fn client_key(&self) -> &str {
-        self.client_id.as_deref().unwrap_or(&self.response_topic)
+        &self.client
     }
 
     /// The request as it goes into the log: with the client id and the dedup identity.
@@ -218,13 +233,11 @@ impl Inbound {
     }
 }
 
-/// Whether `__srcId` agrees with the `clients/{id}/` of the response topic: the same id, or its
-/// upper-case hex form (the Go SDK's response topics). True when either is absent.
-fn src_id_matches(src_id: Option<&str>, response_topic: &str) -> bool {
-    match (src_id, client_id_from_response_topic(response_topic)) {
-        (Some(src_id), Some(topic_id)) => topic_id == src_id || topic_id == hex_upper(src_id.as_bytes()),
-        _ => true,
-    }
+/// Whether `__srcId` agrees with the client the response topic names: the same id, or its
+/// upper-case hex form (the Go SDK's response topics). True without `__srcId`: the client is
+/// then the one the topic names.
+fn src_id_matches(src_id: Option<&str>, client: &str) -> bool {
+    src_id.is_none_or(|src_id| client == src_id || client == hex_upper(src_id.as_bytes()))
 }
 
 /// Absent means 1.0; otherwise `<major>.<minor>` with major 1.
@@ -264,6 +277,10 @@ mod tests {
         Publish::new(REQUEST_TOPIC, qos, payload.to_vec(), Some(properties))
     }
 
+    fn topics() -> ResponseTopics {
+        ResponseTopics::default()
+    }
+
     fn set_payload() -> Vec<u8> {
         Set::new("k", "v").encode()
     }
@@ -273,8 +290,14 @@ mod tests {
         let access = KeyAccess::parse("[clients]\n\"c1\" = [\"mine/\"]\n").unwrap();
         let now = Instant::now();
         let classify = |payload: Vec<u8>| {
-            Inbound::classify(&request(&payload, QoS::AtLeastOnce, |_| {}), Delivered::AsPublished, now, Some(&access))
-                .unwrap()
+            Inbound::classify(
+                &request(&payload, QoS::AtLeastOnce, |_| {}),
+                Delivered::AsPublished,
+                now,
+                &topics(),
+                Some(&access),
+            )
+            .unwrap()
         };
         assert!(matches!(classify(Set::new("mine/k", "v").encode()).body, Body::Command(_)));
         let keynotify = Command::KeyNotify(KeyNotify { key: b"theirs/k".to_vec(), stop: false }).encode();
@@ -295,9 +318,14 @@ mod tests {
     #[test]
     fn an_sdk_request_is_a_command_with_its_identity() {
         let now = Instant::now();
-        let inbound =
-            Inbound::classify(&request(&set_payload(), QoS::AtLeastOnce, |_| {}), Delivered::AsPublished, now, None)
-                .unwrap();
+        let inbound = Inbound::classify(
+            &request(&set_payload(), QoS::AtLeastOnce, |_| {}),
+            Delivered::AsPublished,
+            now,
+            &topics(),
+            None,
+        )
+        .unwrap();
         assert!(matches!(&inbound.body, Body::Command(r) if matches!(r.command, Command::Set(_))));
         assert_eq!(inbound.client_id.as_deref(), Some("c1"));
         assert_eq!(inbound.deadline, Some(now + Duration::from_secs(10)));
@@ -310,37 +338,55 @@ mod tests {
     fn unanswerable_requests_are_dropped() {
         let now = Instant::now();
         let qos0 = request(&set_payload(), QoS::AtMostOnce, |_| {});
-        assert_eq!(Inbound::classify(&qos0, Delivered::AsPublished, now, None).unwrap_err(), DropReason::QoS0);
+        assert_eq!(
+            Inbound::classify(&qos0, Delivered::AsPublished, now, &topics(), None).unwrap_err(),
+            DropReason::QoS0
+        );
         // Through a follower's QoS 0 subscription the client's QoS is unknown: kept.
-        assert!(matches!(Inbound::classify(&qos0, Delivered::MaybeCapped, now, None).unwrap().body, Body::Command(_)));
+        assert!(matches!(
+            Inbound::classify(&qos0, Delivered::MaybeCapped, now, &topics(), None).unwrap().body,
+            Body::Command(_)
+        ));
         let missing = request(&set_payload(), QoS::AtLeastOnce, |p| p.response_topic = None);
         assert_eq!(
-            Inbound::classify(&missing, Delivered::AsPublished, now, None).unwrap_err(),
+            Inbound::classify(&missing, Delivered::AsPublished, now, &topics(), None).unwrap_err(),
             DropReason::ResponseTopic(ResponseTopicProblem::Missing)
         );
         let forbidden = request(&set_payload(), QoS::AtLeastOnce, |p| p.response_topic = Some(REQUEST_TOPIC.into()));
         assert_eq!(
-            Inbound::classify(&forbidden, Delivered::AsPublished, now, None).unwrap_err(),
+            Inbound::classify(&forbidden, Delivered::AsPublished, now, &topics(), None).unwrap_err(),
             DropReason::ResponseTopic(ResponseTopicProblem::Forbidden)
         );
         assert_eq!(DropReason::ResponseTopic(ResponseTopicProblem::Forbidden).label(), "forbidden_response_topic");
+        // A topic outside the allowed patterns: the node would publish there with its own
+        // broker rights, onto another device's command topic, say.
+        let elsewhere = request(&set_payload(), QoS::AtLeastOnce, |p| {
+            p.response_topic = Some("devices/thermostat-9/commands/set".into())
+        });
+        assert_eq!(
+            Inbound::classify(&elsewhere, Delivered::AsPublished, now, &topics(), None).unwrap_err(),
+            DropReason::ResponseTopic(ResponseTopicProblem::NotAllowed)
+        );
+        let devices = ResponseTopics::parse("devices/{client}/#").unwrap();
+        let inbound = Inbound::classify(&elsewhere, Delivered::AsPublished, now, &devices, None).unwrap();
+        assert_eq!(inbound.client, "thermostat-9", "an operator may allow other patterns");
     }
 
     #[test]
     fn envelope_problems_become_answers() {
         let now = Instant::now();
         let no_correlation = request(&set_payload(), QoS::AtLeastOnce, |p| p.correlation_data = None);
-        let inbound = Inbound::classify(&no_correlation, Delivered::AsPublished, now, None).unwrap();
+        let inbound = Inbound::classify(&no_correlation, Delivered::AsPublished, now, &topics(), None).unwrap();
         assert_eq!(inbound.body, Body::Invalid(StoreError::MissingCorrelationData));
         assert_eq!(inbound.identity(), None);
         let no_ts = request(&set_payload(), QoS::AtLeastOnce, |p| p.user_properties.retain(|(k, _)| k != "__ts"));
         assert_eq!(
-            Inbound::classify(&no_ts, Delivered::AsPublished, now, None).unwrap().body,
+            Inbound::classify(&no_ts, Delivered::AsPublished, now, &topics(), None).unwrap().body,
             Body::Invalid(StoreError::MissingTimestamp)
         );
         let garbage = request(b"*1\r\n$3\r\nset\r\n", QoS::AtLeastOnce, |_| {});
         assert_eq!(
-            Inbound::classify(&garbage, Delivered::AsPublished, now, None).unwrap().body,
+            Inbound::classify(&garbage, Delivered::AsPublished, now, &topics(), None).unwrap().body,
             Body::Invalid(StoreError::UnknownCommand)
         );
     }
@@ -355,12 +401,12 @@ mod tests {
                 p.user_properties.retain(|(k, _)| k != "__protVer");
                 p.user_properties.push((property::PROTOCOL_VERSION.into(), version.into()));
             });
-            let body = Inbound::classify(&publish, Delivered::AsPublished, now, None).unwrap().body;
+            let body = Inbound::classify(&publish, Delivered::AsPublished, now, &topics(), None).unwrap().body;
             assert_eq!(matches!(body, Body::UnsupportedVersion(_)), !supported, "{version}");
         }
         let absent = request(&set_payload(), QoS::AtLeastOnce, |p| p.user_properties.retain(|(k, _)| k != "__protVer"));
         assert!(matches!(
-            Inbound::classify(&absent, Delivered::AsPublished, now, None).unwrap().body,
+            Inbound::classify(&absent, Delivered::AsPublished, now, &topics(), None).unwrap().body,
             Body::Command(_)
         ));
     }
@@ -369,7 +415,10 @@ mod tests {
     fn the_client_id_falls_back_to_the_response_topic() {
         let publish = request(&set_payload(), QoS::AtLeastOnce, |p| p.user_properties.retain(|(k, _)| k != "__srcId"));
         assert_eq!(
-            Inbound::classify(&publish, Delivered::AsPublished, Instant::now(), None).unwrap().client_id.as_deref(),
+            Inbound::classify(&publish, Delivered::AsPublished, Instant::now(), &topics(), None)
+                .unwrap()
+                .client_id
+                .as_deref(),
             Some("c1")
         );
     }
@@ -382,7 +431,7 @@ mod tests {
                 p.user_properties.retain(|(k, _)| k != "__srcId");
                 p.user_properties.push((property::SOURCE_ID.into(), src_id.into()));
             });
-            Inbound::classify(&publish, Delivered::AsPublished, Instant::now(), None).unwrap().body
+            Inbound::classify(&publish, Delivered::AsPublished, Instant::now(), &topics(), None).unwrap().body
         };
         assert_eq!(with_src_id("victim", &keynotify), Body::Invalid(StoreError::ClientIdMismatch));
         assert!(matches!(with_src_id("c1", &keynotify), Body::Command(_)));
@@ -391,19 +440,53 @@ mod tests {
             p.response_topic = Some(RESPONSE.replace("clients/c1/", "clients/6331/"));
         });
         assert!(matches!(
-            Inbound::classify(&go, Delivered::AsPublished, Instant::now(), None).unwrap().body,
+            Inbound::classify(&go, Delivered::AsPublished, Instant::now(), &topics(), None).unwrap().body,
             Body::Command(_)
         ));
         // Only registrations depend on the client id; other commands are not refused.
         assert!(matches!(with_src_id("victim", &set_payload()), Body::Command(_)));
+        // A response topic that names no client is not answered at all, so the check cannot
+        // be skipped: a STOP for the victim's registrations sent with a topic of one's own.
+        let stop = Command::KeyNotify(KeyNotify { key: b"k".to_vec(), stop: true }).encode();
+        let elsewhere = |topics: &ResponseTopics| {
+            let publish = request(&stop, QoS::AtLeastOnce, |p| {
+                p.response_topic = Some("probe/out".into());
+                p.user_properties.retain(|(k, _)| k != "__srcId");
+                p.user_properties.push((property::SOURCE_ID.into(), "victim".into()));
+            });
+            Inbound::classify(&publish, Delivered::AsPublished, Instant::now(), topics, None)
+                .map(|inbound| inbound.body)
+        };
+        assert_eq!(elsewhere(&topics()), Err(DropReason::ResponseTopic(ResponseTopicProblem::NotAllowed)));
+        let probes = ResponseTopics::parse("probe/{client}").unwrap();
+        assert_eq!(elsewhere(&probes), Ok(Body::Invalid(StoreError::ClientIdMismatch)));
+    }
+
+    #[test]
+    fn a_client_is_named_by_its_response_topic_whatever_src_id_it_claims() {
+        let rotating = |src_id: &str| {
+            let publish = request(&set_payload(), QoS::AtLeastOnce, |p| {
+                p.user_properties.retain(|(k, _)| k != "__srcId");
+                p.user_properties.push((property::SOURCE_ID.into(), src_id.into()));
+            });
+            Inbound::classify(&publish, Delivered::AsPublished, Instant::now(), &topics(), None).unwrap()
+        };
+        for src_id in ["a", "b", "c"] {
+            assert_eq!(rotating(src_id).client_key(), "c1", "quotas count by the topic's client, not {src_id}");
+        }
     }
 
     #[test]
     fn responses_carry_status_version_correlation_and_remaining_expiry() {
         let now = Instant::now();
-        let inbound =
-            Inbound::classify(&request(&set_payload(), QoS::AtLeastOnce, |_| {}), Delivered::AsPublished, now, None)
-                .unwrap();
+        let inbound = Inbound::classify(
+            &request(&set_payload(), QoS::AtLeastOnce, |_| {}),
+            Delivered::AsPublished,
+            now,
+            &topics(),
+            None,
+        )
+        .unwrap();
         let version: Hlc = TS.parse().unwrap();
         let later = now + Duration::from_millis(2_500);
         let properties = inbound.response_properties(200, Some(&version), later);

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5::Publish;
+use statestore_protocol::topic::ResponseTopics;
 use statestore_protocol::{Response, StoreError};
 use statestore_raft::AppliedRequests;
 use statestore_statemachine::{Entry, Operation, Reply};
@@ -79,6 +80,8 @@ pub struct FrontEnd {
     in_flight: ClientSlots,
     /// Which keys each client may use; `None`: every key.
     access: Option<KeyAccess>,
+    /// The response topics requests may name, each naming its client.
+    response_topics: ResponseTopics,
 }
 
 /// What clients may do.
@@ -88,6 +91,15 @@ pub struct ClientPolicy {
     pub inflight: usize,
     /// Which keys each client may use; `None`: every key.
     pub access: Option<KeyAccess>,
+    /// The response topics requests may name, each naming its client.
+    pub response_topics: ResponseTopics,
+}
+
+impl Default for ClientPolicy {
+    /// The defaults of the flags: 500 in flight, every key, `clients/{client}/#`.
+    fn default() -> Self {
+        ClientPolicy { inflight: 500, access: None, response_topics: ResponseTopics::default() }
+    }
 }
 
 /// Requests in flight per client ([`Inbound::client_key`]), each held by a [`ClientSlot`].
@@ -136,7 +148,11 @@ impl FrontEnd {
         node.follow_broker(connection.receiving.clone(), connection.slow_round_trip.clone());
         let sessions = connection.sessions.clone();
         let channels = (dispatch_tx, dispatch_rx);
-        let policy = ClientPolicy { inflight: usize::from(config.client_inflight), access: config.access.clone() };
+        let policy = ClientPolicy {
+            inflight: usize::from(config.client_inflight),
+            access: config.access.clone(),
+            response_topics: config.response_topics.clone(),
+        };
         FrontEnd::launch(node, Arc::new(connection), sessions, metrics, policy, channels)
     }
 
@@ -175,6 +191,7 @@ impl FrontEnd {
             dispatch: dispatch_tx,
             in_flight: ClientSlots { counts: Arc::default(), limit: policy.inflight },
             access: policy.access,
+            response_topics: policy.response_topics,
         });
         node.leader.attach_sink(notifier)?;
         tokio::spawn(front.clone().dispatcher(dispatch_rx));
@@ -193,7 +210,8 @@ impl FrontEnd {
             match message {
                 Dispatch::Request(publish, delivered) => {
                     let received = Instant::now();
-                    match Inbound::classify(&publish, delivered, received, self.access.as_ref()) {
+                    match Inbound::classify(&publish, delivered, received, &self.response_topics, self.access.as_ref())
+                    {
                         Err(reason) => {
                             self.drop_request(reason, None);
                             self.link.ack(&publish);
@@ -345,7 +363,7 @@ impl FrontEnd {
         };
         if is_read {
             // The pipeline answers it after every write submitted before it is applied.
-            let work = Work::Read(command_request.clone());
+            let work = Work::Read(command_request.clone(), request.inbound.allowed.clone());
             self.submit(work, Box::new(request), slot);
             return;
         }

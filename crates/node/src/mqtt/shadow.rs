@@ -334,7 +334,7 @@ mod tests {
         };
         let publish = Publish::new(REQUEST_TOPIC, QoS::AtLeastOnce, payload, Some(properties));
         Shadowed {
-            inbound: Inbound::classify(&publish, Delivered::AsPublished, received, None).unwrap(),
+            inbound: Inbound::classify(&publish, Delivered::AsPublished, received, &Default::default(), None).unwrap(),
             receipt: crate::mqtt::connection::receipt(&publish),
             received,
             acked: false,

@@ -88,6 +88,13 @@ impl Harness {
         let request = Request { command, timestamp: None, fencing_token: None };
         self.machine.read(&self.store, &request, self.now).unwrap().expect("a read command")
     }
+
+    /// The same, for a client confined to `within`.
+    #[allow(dead_code)]
+    pub fn read_within(&self, command: Command, within: &statestore_statemachine::KeyPrefixes) -> Reply {
+        let request = Request { command, timestamp: None, fencing_token: None };
+        self.machine.read_within(&self.store, &request, self.now, Some(within)).unwrap().expect("a read command")
+    }
 }
 
 pub fn notified(applied: &Applied) -> Vec<KeyNotification> {
