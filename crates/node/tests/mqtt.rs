@@ -707,9 +707,31 @@ async fn malformed_requests_get_the_exact_error_or_the_documented_drop() {
         properties.response_topic = Some(forbidden);
         client.publish(&set(b"dropped", b"forbidden"), QoS::AtLeastOnce, properties).await;
     }
+    // A response topic outside `clients/{client}/#`: another device's command topic, with a
+    // subscriber. The node would publish the stored value there with its own broker rights.
+    const DEVICE_TOPIC: &str = "devices/thermostat-9/commands/set";
+    let device = RawClient::connect(broker.port, "thermostat-9").await;
+    device.client.subscribe(DEVICE_TOPIC, QoS::AtLeastOnce).await.unwrap();
+    let subscribed = async {
+        loop {
+            client.client.publish(DEVICE_TOPIC, QoS::AtLeastOnce, false, b"probe".to_vec()).await.unwrap();
+            if device.wait_for(Duration::from_millis(300), |r| r.topic == DEVICE_TOPIC).await.is_some() {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), subscribed).await.expect("the device's subscription works");
+    assert_eq!(client.request(&set(b"setpoint", b"{\"setpoint\": 99}"), &ts).await.payload, b"+OK\r\n");
+    let mut hijack = client.properties(&ts);
+    hijack.response_topic = Some(DEVICE_TOPIC.into());
+    client.publish(&get(b"setpoint"), QoS::AtLeastOnce, hijack).await;
     assert!(
         client.wait_for(NO_ANSWER, |r| r.properties.correlation_data == qos0_correlation).await.is_none(),
         "QoS 0 requests are not answered"
+    );
+    assert!(
+        device.wait_for(Duration::ZERO, |r| r.topic == DEVICE_TOPIC).await.is_none(),
+        "an answer was published onto the device's command topic"
     );
     assert!(client.take_notifications().is_empty(), "a forged notification topic got nothing");
 
@@ -722,7 +744,7 @@ async fn malformed_requests_get_the_exact_error_or_the_documented_drop() {
     assert_eq!(dropped.payload, b"$-1\r\n", "no dropped request was executed");
     let leader = cluster.wait_leader().await;
     let metrics = cluster.metrics(leader).await;
-    for reason in ["qos0", "missing_response_topic", "forbidden_response_topic"] {
+    for reason in ["qos0", "missing_response_topic", "forbidden_response_topic", "response_topic_not_allowed"] {
         let series = format!("statestore_requests_dropped_total{{reason=\"{reason}\"}}");
         assert!(metric(&metrics, &series).unwrap_or(0.0) >= 1.0, "{series} counted\n{metrics}");
     }

@@ -29,6 +29,8 @@ pub enum DropReason {
     Expired,
     /// The follower's shadow buffer was full; the oldest request left it.
     ShadowFull,
+    /// A QoS 0 copy arrived while the dispatcher's queue held its most bytes.
+    DispatchFull,
 }
 
 impl DropReason {
@@ -39,6 +41,7 @@ impl DropReason {
             DropReason::ResponseTopic(problem) => problem.label(),
             DropReason::Expired => "expired",
             DropReason::ShadowFull => "shadow_full",
+            DropReason::DispatchFull => "dispatch_full",
         }
     }
 }
@@ -80,6 +83,8 @@ pub struct Inbound {
     /// The keys this client may use, under an authorization map; `None`: every key.
     pub allowed: Option<Prefixes>,
     pub body: Body,
+    /// About what holding this request costs in memory: its payload, topics and properties.
+    pub held_bytes: usize,
 }
 
 impl Inbound {
@@ -142,6 +147,7 @@ impl Inbound {
             deadline,
             allowed,
             body,
+            held_bytes: held_bytes(publish),
         })
     }
 
@@ -238,6 +244,17 @@ impl Inbound {
 /// then the one the topic names.
 fn src_id_matches(src_id: Option<&str>, client: &str) -> bool {
     src_id.is_none_or(|src_id| client == src_id || client == hex_upper(src_id.as_bytes()))
+}
+
+/// What holding a request costs, roughly: twice its payload (the bytes received and the command
+/// parsed from them), its topics, properties, and a fixed overhead for the structures.
+pub fn held_bytes(publish: &Publish) -> usize {
+    let properties = publish.properties.as_ref().map_or(0, |p| {
+        p.response_topic.as_ref().map_or(0, String::len)
+            + p.correlation_data.as_ref().map_or(0, Bytes::len)
+            + p.user_properties.iter().map(|(k, v)| k.len() + v.len() + 48).sum::<usize>()
+    });
+    2 * publish.payload.len() + publish.topic.len() + properties + 256
 }
 
 /// Absent means 1.0; otherwise `<major>.<minor>` with major 1.

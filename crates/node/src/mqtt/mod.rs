@@ -28,12 +28,13 @@ pub mod notifier;
 pub mod shadow;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5::Publish;
+use rumqttc::v5::mqttbytes::QoS;
 use statestore_protocol::topic::ResponseTopics;
 use statestore_protocol::{Response, StoreError};
 use statestore_raft::AppliedRequests;
@@ -54,12 +55,21 @@ use shadow::{Shadow, Shadowed};
 
 /// Most requests a follower shadows; beyond it the oldest is acknowledged and forgotten.
 const SHADOW_CAPACITY: usize = 200_000;
+/// Most bytes a follower's shadow holds ([`envelope::held_bytes`]): beyond it the oldest request
+/// leaves, as beyond [`SHADOW_CAPACITY`].
+pub const SHADOW_MAX_BYTES: usize = 128 << 20;
+/// Most bytes of received requests waiting for the dispatcher. A copy delivered at QoS 0 (a
+/// follower's, which the broker sends without flow control) that would go beyond it is dropped
+/// (`reason="dispatch_full"`): the leader holds its own QoS 1 copy. QoS 1 deliveries are
+/// bounded by the receive maximum the node announces (`--broker-inflight`).
+pub const DISPATCH_MAX_BYTES: usize = 64 << 20;
 /// How often followers look for applied requests.
 const TICK: Duration = Duration::from_millis(20);
 
 /// What the dispatcher handles, in order.
 enum Dispatch {
-    Request(Box<Publish>, Delivered),
+    /// A received request, and what it holds ([`envelope::held_bytes`]).
+    Request(Box<Publish>, Delivered, usize),
     /// A request that could not complete where it was; placed again by the current role.
     Retry(Box<Shadowed>),
     /// This node leads and has applied everything committed before: take over the shadow.
@@ -76,6 +86,8 @@ pub struct FrontEnd {
     /// Mirrors the node's leadership in dispatch order.
     leading: AtomicBool,
     dispatch: mpsc::UnboundedSender<Dispatch>,
+    /// Bytes of the requests in `dispatch`.
+    queued: Arc<AtomicUsize>,
     /// Requests each client has in flight at this leader, and the most one may have.
     in_flight: ClientSlots,
     /// Which keys each client may use; `None`: every key.
@@ -144,10 +156,12 @@ impl FrontEnd {
     pub fn start(node: Arc<Node>, config: &BrokerConfig) -> anyhow::Result<Arc<FrontEnd>> {
         let metrics = FrontEndMetrics::register(&node.metrics.registry)?;
         let (dispatch_tx, dispatch_rx) = mpsc::unbounded_channel();
-        let connection = connection::start(config, request_sink(&dispatch_tx), metrics.clone())?;
+        let queued = Arc::new(AtomicUsize::new(0));
+        let sink = request_sink(&dispatch_tx, queued.clone(), &metrics);
+        let connection = connection::start(config, sink, metrics.clone())?;
         node.follow_broker(connection.receiving.clone(), connection.slow_round_trip.clone());
         let sessions = connection.sessions.clone();
-        let channels = (dispatch_tx, dispatch_rx);
+        let channels = (dispatch_tx, dispatch_rx, queued);
         let policy = ClientPolicy {
             inflight: usize::from(config.client_inflight),
             access: config.access.clone(),
@@ -167,8 +181,9 @@ impl FrontEnd {
     ) -> anyhow::Result<(Arc<FrontEnd>, RequestSink)> {
         let metrics = FrontEndMetrics::register(&node.metrics.registry)?;
         let (dispatch_tx, dispatch_rx) = mpsc::unbounded_channel();
-        let requests = request_sink(&dispatch_tx);
-        let front = FrontEnd::launch(node, link, sessions, metrics, policy, (dispatch_tx, dispatch_rx))?;
+        let queued = Arc::new(AtomicUsize::new(0));
+        let requests = request_sink(&dispatch_tx, queued.clone(), &metrics);
+        let front = FrontEnd::launch(node, link, sessions, metrics, policy, (dispatch_tx, dispatch_rx, queued))?;
         Ok((front, requests))
     }
 
@@ -178,7 +193,7 @@ impl FrontEnd {
         sessions: watch::Receiver<u64>,
         metrics: FrontEndMetrics,
         policy: ClientPolicy,
-        (dispatch_tx, dispatch_rx): (mpsc::UnboundedSender<Dispatch>, mpsc::UnboundedReceiver<Dispatch>),
+        (dispatch_tx, dispatch_rx, queued): DispatchChannel,
     ) -> anyhow::Result<Arc<FrontEnd>> {
         let notifier = Arc::new(Notifier::new(node.reader.clone(), link.clone(), metrics.clone(), node.leader.clone()));
         let front = Arc::new(FrontEnd {
@@ -186,9 +201,10 @@ impl FrontEnd {
             link: link.clone(),
             metrics,
             notifier: notifier.clone(),
-            shadow: Mutex::new(Shadow::new(SHADOW_CAPACITY)),
+            shadow: Mutex::new(Shadow::new(SHADOW_CAPACITY, SHADOW_MAX_BYTES)),
             leading: AtomicBool::new(false),
             dispatch: dispatch_tx,
+            queued,
             in_flight: ClientSlots { counts: Arc::default(), limit: policy.inflight },
             access: policy.access,
             response_topics: policy.response_topics,
@@ -208,7 +224,8 @@ impl FrontEnd {
     async fn dispatcher(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Dispatch>) {
         while let Some(message) = rx.recv().await {
             match message {
-                Dispatch::Request(publish, delivered) => {
+                Dispatch::Request(publish, delivered, bytes) => {
+                    self.queued.fetch_sub(bytes, Ordering::Relaxed);
                     let received = Instant::now();
                     match Inbound::classify(&publish, delivered, received, &self.response_topics, self.access.as_ref())
                     {
@@ -548,11 +565,27 @@ impl FrontEnd {
     }
 }
 
-/// Hands each received request to the dispatcher.
-fn request_sink(dispatch: &mpsc::UnboundedSender<Dispatch>) -> RequestSink {
+/// The dispatcher's channel, and the bytes of the requests in it.
+type DispatchChannel = (mpsc::UnboundedSender<Dispatch>, mpsc::UnboundedReceiver<Dispatch>, Arc<AtomicUsize>);
+
+/// Hands each received request to the dispatcher, but a QoS 0 copy beyond
+/// [`DISPATCH_MAX_BYTES`] of requests waiting.
+fn request_sink(
+    dispatch: &mpsc::UnboundedSender<Dispatch>,
+    queued: Arc<AtomicUsize>,
+    metrics: &FrontEndMetrics,
+) -> RequestSink {
     let dispatch = dispatch.clone();
+    let dropped = metrics.dropped.with_label_values(&[DropReason::DispatchFull.label()]);
     Box::new(move |publish, delivered| {
+        let bytes = envelope::held_bytes(&publish);
+        if publish.qos == QoS::AtMostOnce && queued.load(Ordering::Relaxed) + bytes > DISPATCH_MAX_BYTES {
+            dropped.inc();
+            tracing::debug!(bytes, "dropped a QoS 0 copy of a request: the dispatcher's queue is full");
+            return;
+        }
+        queued.fetch_add(bytes, Ordering::Relaxed);
         // Closed only when the dispatcher is gone, i.e. the node is stopping.
-        let _ = dispatch.send(Dispatch::Request(Box::new(publish), delivered));
+        let _ = dispatch.send(Dispatch::Request(Box::new(publish), delivered, bytes));
     })
 }

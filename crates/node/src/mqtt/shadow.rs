@@ -52,9 +52,13 @@ pub const READ_REANSWER_WINDOW: Duration = Duration::from_secs(2);
 /// Without a message expiry, an unapplied write is kept at most this long.
 const UNBOUNDED_KEEP: Duration = Duration::from_secs(60);
 
-/// Shadowed requests in arrival order, at most `capacity` of them.
+/// Shadowed requests in arrival order, at most `capacity` of them and `max_bytes` of them
+/// ([`Inbound::held_bytes`]).
 pub struct Shadow {
     capacity: usize,
+    max_bytes: usize,
+    /// What the held requests cost.
+    bytes: usize,
     /// The arrival number of `queue[0]`.
     first: u64,
     /// Requests by arrival number (minus `first`); `None`: replaced by a redelivery.
@@ -68,9 +72,11 @@ pub struct Shadow {
 }
 
 impl Shadow {
-    pub fn new(capacity: usize) -> Shadow {
+    pub fn new(capacity: usize, max_bytes: usize) -> Shadow {
         Shadow {
             capacity,
+            max_bytes,
+            bytes: 0,
             first: 0,
             queue: VecDeque::new(),
             unsettled: VecDeque::new(),
@@ -87,6 +93,11 @@ impl Shadow {
         self.index.is_empty()
     }
 
+    /// What the held requests cost, as [`Inbound::held_bytes`] counts it.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// Keeps `request`; a redelivery replaces the earlier copy. Returns what no longer fits
     /// (oldest first), and the earlier copy of a redelivered request: acknowledge those.
     pub fn insert(&mut self, request: Shadowed) -> Vec<Shadowed> {
@@ -98,6 +109,7 @@ impl Shadow {
         match self.index.find_mut(hash, |&held| held_identity(queue, first, held) == Some(identity)) {
             Some(held) => {
                 if let Some(earlier) = queue.get_mut((*held - first) as usize).and_then(Option::take) {
+                    self.bytes -= earlier.inbound.held_bytes;
                     out.push(earlier);
                 }
                 *held = seq;
@@ -112,8 +124,9 @@ impl Shadow {
         if !request.acked {
             self.unsettled.push_back(seq);
         }
+        self.bytes += request.inbound.held_bytes;
         self.queue.push_back(Some(request));
-        while self.index.len() > self.capacity {
+        while self.index.len() > self.capacity || self.bytes > self.max_bytes {
             if let Some(oldest) = self.pop_oldest() {
                 out.push(oldest);
             }
@@ -219,6 +232,7 @@ impl Shadow {
     pub fn drain(&mut self) -> Vec<Shadowed> {
         self.first += self.queue.len() as u64;
         let out: Vec<Shadowed> = self.queue.drain(..).flatten().collect();
+        self.bytes = 0;
         self.index.clear();
         self.unsettled.clear();
         out
@@ -252,6 +266,7 @@ impl Shadow {
         let slot = self.queue.pop_front()?;
         self.first += 1;
         let shadowed = slot?;
+        self.bytes -= shadowed.inbound.held_bytes;
         if let Some(identity) = shadowed.inbound.identity_parts() {
             let hash = self.hasher.hash_one(identity);
             if let Ok(entry) = self.index.find_entry(hash, |&held| held == seq) {
@@ -348,7 +363,7 @@ mod tests {
 
     /// A shadow holding SETs with the correlation ids `correlations`, received at `now`.
     fn shadow_of(correlations: std::ops::RangeInclusive<u8>, now: Instant) -> Shadow {
-        let mut shadow = Shadow::new(100);
+        let mut shadow = Shadow::new(100, usize::MAX);
         for c in correlations {
             assert!(shadow.insert(set(c, now)).is_empty());
         }
@@ -455,7 +470,7 @@ mod tests {
     #[test]
     fn a_redelivery_replaces_the_earlier_copy_and_overflow_evicts_the_oldest() {
         let now = Instant::now();
-        let mut shadow = Shadow::new(3);
+        let mut shadow = Shadow::new(3, usize::MAX);
         for c in 1..=3 {
             shadow.insert(set(c, now));
         }
@@ -464,10 +479,33 @@ mod tests {
         assert_eq!(correlations(&shadow.drain()), vec![3, 2, 4]);
     }
 
+    /// Large requests leave by bytes long before the count would make them: a flood of 1 MiB
+    /// values keeps at most the budget, oldest out first, and the count follows every removal.
+    #[test]
+    fn the_shadow_holds_at_most_its_byte_budget() {
+        let now = Instant::now();
+        let large = |c: u8| shadowed(c, Set::new("k", vec![b'v'; 1 << 20]).encode(), now);
+        let one = large(0).inbound.held_bytes;
+        assert!(one > 2 << 20, "a 1 MiB value costs what it holds twice: {one}");
+        let mut shadow = Shadow::new(200_000, 5 * one);
+        let mut released = Vec::new();
+        for c in 1..=20 {
+            released.extend(correlations(&shadow.insert(large(c))));
+            assert!(shadow.bytes() <= 5 * one, "{} held after {c}", shadow.bytes());
+        }
+        assert_eq!(released, (1..=15).collect::<Vec<u8>>(), "the oldest leave first");
+        assert_eq!(shadow.len(), 5);
+        // A redelivery replaces its copy without counting twice.
+        assert_eq!(correlations(&shadow.insert(large(20))), vec![20]);
+        assert_eq!(shadow.bytes(), 5 * one);
+        assert_eq!(correlations(&shadow.drain()), vec![16, 17, 18, 19, 20]);
+        assert_eq!(shadow.bytes(), 0);
+    }
+
     #[test]
     fn the_index_follows_redeliveries_and_evictions() {
         let now = Instant::now();
-        let mut shadow = Shadow::new(50);
+        let mut shadow = Shadow::new(50, usize::MAX);
         let mut handed_back = 0;
         // 300 arrivals of 70 identities: each is redelivered several times, and the oldest are
         // evicted past 50.
@@ -490,7 +528,7 @@ mod tests {
     #[test]
     fn expired_requests_and_old_reads_settle_without_being_applied() {
         let now = Instant::now();
-        let mut shadow = Shadow::new(10);
+        let mut shadow = Shadow::new(10, usize::MAX);
         shadow.insert(set(1, now));
         let mut read = shadowed(2, Get { key: b"k".to_vec() }.encode(), now);
         read.acked = true;
@@ -503,7 +541,7 @@ mod tests {
     #[test]
     fn settling_a_large_shadow_looks_up_only_a_bounded_number_of_old_requests() {
         let now = Instant::now();
-        let mut shadow = Shadow::new(100_000);
+        let mut shadow = Shadow::new(100_000, usize::MAX);
         for c in 0..20_000u32 {
             let mut request = set(0, now);
             let correlation = Bytes::from(c.to_be_bytes().repeat(4));
