@@ -43,8 +43,10 @@ pub trait NotificationSink: Send + Sync {
     fn restart(&self);
     /// Stops publishing: this node no longer leads.
     fn stop(&self);
-    /// Publishes whatever was added to the outbox since the last call.
-    fn publish_pending(&self);
+    /// Publishes whatever was added to the outbox since the last call, as far as its budget of
+    /// notifications awaiting the broker allows; whether the outbox is now all handed over (or
+    /// this node publishes nothing, not leading).
+    fn publish_pending(&self) -> bool;
     /// The last sequence number of an unbroken run of notifications the broker has settled.
     fn settled(&self) -> Option<u64>;
 }
@@ -121,8 +123,9 @@ impl Leader {
         });
         let weak = Arc::downgrade(&inner);
         inner.pipeline.on_notifications(Box::new(move || {
-            if let Some(sink) = weak.upgrade().and_then(|inner| inner.sink.get().cloned()) {
-                sink.publish_pending();
+            match weak.upgrade().and_then(|inner| inner.sink.get().cloned()) {
+                Some(sink) => sink.publish_pending(),
+                None => true,
             }
         }));
         tokio::spawn(inner.clone().watch_leadership(raft, leading_tx));
@@ -275,6 +278,10 @@ impl Inner {
             if !self.is_leading() {
                 confirmed = None;
                 continue;
+            }
+            // What the notifier held back for want of budget goes out as PUBACKs free it.
+            if let Some(sink) = self.sink() {
+                sink.publish_pending();
             }
             let Some(through) = self.sink().and_then(|sink| sink.settled()) else { continue };
             if confirmed.is_some_and(|c| c >= through) {

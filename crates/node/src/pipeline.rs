@@ -79,7 +79,13 @@ pub enum Outcome {
 pub type Answer = Box<dyn FnOnce(Result<Outcome, ExecuteError>) + Send>;
 
 /// Called before the answers of a batch that produced notifications are given.
-pub type NotificationHook = Box<dyn Fn() + Send + Sync>;
+/// Returns whether every notification is handed over; the answers wait (see
+/// [`NOTIFICATION_WAIT`]) until it is, so that no answer overtakes a notification its write caused.
+pub type NotificationHook = Box<dyn Fn() -> bool + Send + Sync>;
+
+/// The longest the answers of a batch wait for its notifications to be handed to the broker
+/// (the notifier holds at most its budget awaiting PUBACKs); after it they go out regardless.
+pub const NOTIFICATION_WAIT: Duration = Duration::from_secs(5);
 
 struct Submission {
     work: Work,
@@ -361,7 +367,10 @@ async fn responder(
                     Ok(applied) => {
                         if applied.iter().any(|a| !a.notifications.is_empty()) {
                             if let Some(hook) = notification_hook.get() {
-                                hook();
+                                let until = Instant::now() + NOTIFICATION_WAIT;
+                                while !hook() && Instant::now() < until {
+                                    tokio::time::sleep(Duration::from_millis(2)).await;
+                                }
                             }
                         }
                         for ((answer, submitted), applied) in answers.into_iter().zip(applied) {

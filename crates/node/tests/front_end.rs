@@ -350,6 +350,55 @@ async fn a_client_beyond_its_in_flight_limit_is_answered_at_once_and_others_are_
     assert_eq!(&h.next_publish().await.payload[..], b"+OK\r\n");
 }
 
+/// The notifier holds at most its byte budget of notifications awaiting the broker's PUBACKs:
+/// a change seen by 700 watchers, 100 KiB each, stops short of 64 MiB on the link; the answer of
+/// the SET waits behind the rest, and once the broker acknowledges, every notification goes out
+/// and then the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_awaiting_the_broker_are_bounded_and_still_precede_the_answer() {
+    let mut h = Harness::start().await;
+    const WATCHERS: usize = 700;
+    for n in 0..WATCHERS {
+        let watch = statestore_protocol::Command::KeyNotify(KeyNotify { key: b"big".to_vec(), stop: false }).encode();
+        let pkid = h.send(&format!("w{n}"), 1, watch, |_| {});
+        assert_eq!(h.answer(pkid).await.0, Response::Ok);
+    }
+    let value = vec![b'x'; 100 << 10];
+    let set = h.send("writer", 2, Set::new("big", value.clone()).encode(), |_| {});
+    let mut held = Vec::new();
+    // Until the link goes quiet: what the notifier hands over without a single PUBACK.
+    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(1_000), h.events.recv()).await {
+        match event {
+            Event::Published(outbound) if outbound.topic.starts_with(NOTIFICATION_PREFIX) => held.push(*outbound),
+            Event::Published(outbound) => panic!("published on {} before its notifications", outbound.topic),
+            Event::Acked(pkid) => panic!("acknowledged {pkid} before its answer"),
+        }
+    }
+    let budget = statestore_node::mqtt::notifier::MAX_OUTSTANDING_BYTES;
+    let on_link: usize = held.iter().map(|n| n.payload.len() + n.topic.len()).sum();
+    assert!(held.len() < WATCHERS, "all {WATCHERS} notifications handed over without a PUBACK");
+    assert!(on_link <= budget + (200 << 10) && on_link >= budget - (400 << 10), "{on_link} bytes on the link");
+    let mut notified = held.len();
+    for notification in held.drain(..) {
+        let _ = notification.delivery.expect("a PUBACK is awaited").send(Delivery::Accepted);
+    }
+    loop {
+        match h.next().await {
+            Event::Published(outbound) if outbound.topic.starts_with(NOTIFICATION_PREFIX) => {
+                notified += 1;
+                let _ = outbound.delivery.expect("a PUBACK is awaited").send(Delivery::Accepted);
+            }
+            Event::Published(outbound) => {
+                assert_eq!(notified, WATCHERS, "the answer went out before every notification");
+                assert_eq!(Response::decode(&outbound.payload), Ok(Response::Ok));
+                break;
+            }
+            Event::Acked(pkid) => panic!("acknowledged {pkid} before its answer"),
+        }
+    }
+    assert_eq!(h.next_ack().await, set);
+}
+
 /// The in-flight limit counts a client by the client its response topic names, the identity
 /// its broker ACL ties to it: a new `__srcId` on every request does not buy more places.
 #[tokio::test]

@@ -25,6 +25,12 @@ use crate::leader::{Leader, NotificationSink};
 
 const PAGE: usize = 256;
 
+/// Most bytes of notifications handed to the connection and not yet answered by the broker
+/// (topic, properties and payload each, a shared payload counted for every copy: what crosses
+/// the link). Publishing pauses there until PUBACKs return; the answers of the writes that
+/// caused the rest wait with it.
+pub const MAX_OUTSTANDING_BYTES: usize = 64 << 20;
+
 pub struct Notifier {
     state: Arc<Mutex<State>>,
     reader: StateReader,
@@ -42,8 +48,10 @@ struct State {
     epoch: u64,
     /// The last sequence number handed to the connection.
     published: Option<u64>,
-    /// Published and not yet settled in order: seq → whether the broker answered.
-    outstanding: BTreeMap<u64, bool>,
+    /// Published and not yet settled in order: seq → whether the broker answered, and its bytes.
+    outstanding: BTreeMap<u64, (bool, usize)>,
+    /// The bytes of `outstanding` not yet answered.
+    outstanding_bytes: usize,
     /// Every notification up to here was accepted (or refused for good) by the broker.
     settled: Option<u64>,
 }
@@ -79,23 +87,27 @@ impl NotificationSink for Notifier {
         state.active.then_some(state.settled).flatten()
     }
 
-    /// Publishes every notification in the outbox after the last one published.
-    fn publish_pending(&self) {
+    /// Publishes the notifications in the outbox after the last one published, while fewer
+    /// than [`MAX_OUTSTANDING_BYTES`] await the broker.
+    fn publish_pending(&self) -> bool {
         let mut state = self.state.lock().unwrap();
         if !state.active {
-            return;
+            return true;
         }
         loop {
             let page = match self.reader.pending_notifications(state.published, PAGE) {
                 Ok(page) => page,
                 Err(e) => {
                     tracing::error!(error = %e, "cannot read the notification outbox");
-                    return;
+                    return true;
                 }
             };
             // The watchers of one change share its value: encode it once for all of them.
             let mut encoded: Option<(Notification, Bytes)> = None;
             for entry in &page {
+                if state.outstanding_bytes >= MAX_OUTSTANDING_BYTES {
+                    return false;
+                }
                 let notification = &entry.notification.notification;
                 let payload = match &encoded {
                     Some((cached, payload)) if same_payload(cached, notification) => payload.clone(),
@@ -108,7 +120,7 @@ impl NotificationSink for Notifier {
                 self.publish(&mut state, entry, payload);
             }
             if page.len() < PAGE {
-                return;
+                return true;
             }
         }
     }
@@ -133,7 +145,9 @@ impl Notifier {
             ..Default::default()
         };
         let (delivery_tx, delivery_rx) = oneshot::channel();
-        state.outstanding.insert(entry.seq, false);
+        let bytes = topic.len() + payload.len() + 128;
+        state.outstanding.insert(entry.seq, (false, bytes));
+        state.outstanding_bytes += bytes;
         self.link.publish(Outbound { topic, payload, properties, delivery: Some(delivery_tx) });
         let (seq, epoch, client_id) = (entry.seq, state.epoch, notification.client_id.clone());
         let shared = self.state.clone();
@@ -178,10 +192,13 @@ fn same_payload(a: &Notification, b: &Notification) -> bool {
 
 /// Marks `seq` answered and advances `settled` over the answered prefix.
 fn settle(state: &mut State, seq: u64) {
-    if let Some(answered) = state.outstanding.get_mut(&seq) {
+    if let Some((answered, bytes)) = state.outstanding.get_mut(&seq) {
+        if !*answered {
+            state.outstanding_bytes -= *bytes;
+        }
         *answered = true;
     }
-    while let Some((&first, &answered)) = state.outstanding.first_key_value() {
+    while let Some((&first, &(answered, _))) = state.outstanding.first_key_value() {
         if !answered {
             break;
         }
@@ -201,15 +218,18 @@ mod tests {
     fn settled_advances_only_over_an_unbroken_prefix() {
         let mut state = State { active: true, ..State::default() };
         for seq in [3, 4, 5] {
-            state.outstanding.insert(seq, false);
+            state.outstanding.insert(seq, (false, 10));
+            state.outstanding_bytes += 10;
             state.published = Some(seq);
         }
         settle(&mut state, 4);
         assert_eq!(state.settled, None, "3 is still open");
         settle(&mut state, 3);
         assert_eq!(state.settled, Some(4));
+        assert_eq!(state.outstanding_bytes, 10, "what the broker answered leaves the budget at once");
         settle(&mut state, 5);
         assert_eq!(state.settled, Some(5));
         assert!(state.outstanding.is_empty());
+        assert_eq!(state.outstanding_bytes, 0);
     }
 }
