@@ -91,6 +91,8 @@ pub struct Node {
     pub leader: Leader,
     /// Decides when this node stands for election, and answers other nodes' pre-votes.
     pub elector: Elector,
+    /// The quorum confirmation a leader's `/ready` callers share.
+    pub readiness: crate::readiness::ReadinessCheck,
     /// The snapshot being received from the leader, checked before it is installed.
     pub snapshot_receiver: statestore_raft::SnapshotReceiver,
     /// Whether requests reach the MQTT front end through its broker in time (connected, the
@@ -226,6 +228,7 @@ impl Node {
             Pipeline::start(raft.clone(), storage.reader.clone(), metrics.clone(), Some(clock_check.clone()));
         let leader = Leader::start(raft.clone(), pipeline.clone(), storage.reader.clone(), &metrics.registry)?;
         let node = Arc::new(Node {
+        let readiness = crate::readiness::ReadinessCheck::new(raft.clone(), &metrics.registry)?;
             id: config.id,
             advertise: config.advertise.clone(),
             raft,
@@ -236,6 +239,7 @@ impl Node {
             log: log.clone(),
             elector: elector.clone(),
             snapshot_receiver: statestore_raft::SnapshotReceiver::new(config.snapshot_install_rate),
+            readiness,
             broker_connected: std::sync::OnceLock::new(),
             broker_slow: std::sync::OnceLock::new(),
             snapshot_wanted: Arc::new(AtomicU64::new(0)),
@@ -383,12 +387,6 @@ impl Node {
     /// everything committed before the call.
     pub async fn ensure_linearizable(&self) -> Result<(), ExecuteError> {
         crate::pipeline::ensure_linearizable(&self.raft).await
-    }
-
-    /// [`Node::ensure_linearizable`] bounded by `within`: false when no round in that time
-    /// reached a quorum (or another node leads).
-    pub async fn confirms_leadership_within(&self, within: Duration) -> bool {
-        crate::pipeline::confirm_leadership_within(&self.raft, within).await.is_ok()
     }
 
     /// Watches whether requests reach this node through its broker in time (true while connected
