@@ -22,10 +22,11 @@ const CLIENT_REGISTRATIONS: &[u8] = b"registrations_of/";
 const CLUSTER_ID: &[u8] = b"cluster_id";
 /// Followed by a node id (8 bytes, big-endian): that member's storage incarnation.
 const INCARNATION_OF: &[u8] = b"incarnation_of/";
+const RESTORE_SESSION: &[u8] = b"restore_session";
 
 /// Meta keys the state machine owns; other layers sharing [`Table::Meta`] must not use them.
 /// [`CLIENT_REGISTRATIONS`] and [`INCARNATION_OF`] are prefixes: every key starting with it is reserved too.
-pub const RESERVED_META_KEYS: [&[u8]; 9] = [
+pub const RESERVED_META_KEYS: [&[u8]; 10] = [
     CLOCK,
     VERSION,
     KEY_COUNT,
@@ -35,6 +36,7 @@ pub const RESERVED_META_KEYS: [&[u8]; 9] = [
     CLIENT_REGISTRATIONS,
     CLUSTER_ID,
     INCARNATION_OF,
+    RESTORE_SESSION,
 ];
 
 fn read_u64(store: &(impl StorageRead + ?Sized), key: &[u8]) -> Result<u64, StorageError> {
@@ -221,4 +223,36 @@ pub(crate) fn enroll(
         None => txn.delete(Table::Meta, incarnation_key(node)),
     }
     Ok(true)
+}
+
+/// The latest restore of a backup into this store (`Operation::RestoreChunk`): the session its
+/// chunks carry, and the first key a client wrote since it began, after which it takes no chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreSession {
+    pub id: u64,
+    pub written_by_client: Option<Vec<u8>>,
+}
+
+/// The latest restore session, if a backup was ever restored through chunks.
+pub fn restore_session(store: &(impl StorageRead + ?Sized)) -> Result<Option<RestoreSession>, StorageError> {
+    let Some(bytes) = store.get(Table::Meta, RESTORE_SESSION)? else {
+        return Ok(None);
+    };
+    let mut reader = Reader::new(Table::Meta, &bytes)?;
+    let id = reader.u64()?;
+    let written_by_client = match reader.u8()? {
+        0 => None,
+        _ => Some(reader.bytes()?.to_vec()),
+    };
+    reader.finish()?;
+    Ok(Some(RestoreSession { id, written_by_client }))
+}
+
+pub(crate) fn set_restore_session(txn: &mut impl Txn, session: &RestoreSession) {
+    let writer = Writer::new().u64(session.id);
+    let writer = match &session.written_by_client {
+        Some(key) => writer.u8(1).bytes(key),
+        None => writer.u8(0),
+    };
+    txn.put(Table::Meta, RESTORE_SESSION.to_vec(), writer.finish());
 }
