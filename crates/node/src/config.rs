@@ -134,6 +134,22 @@ pub struct Args {
     /// `too_many_commands`. Default 1024.
     #[arg(long, env = "STATESTORE_MAX_HTTP_COMMANDS")]
     pub max_http_commands: Option<usize>,
+    /// Most HTTP connections the node serves at once (peers, operators, probes, Prometheus);
+    /// one more is answered 503 `too_many_connections` and closed. Default 1024.
+    #[arg(long, env = "STATESTORE_HTTP_MAX_CONNECTIONS")]
+    pub http_max_connections: Option<usize>,
+    /// Milliseconds a client has to send a request's headers, from its connection's start or its
+    /// previous answer; then the connection is closed (idle ones too). Default 10000.
+    #[arg(long, env = "STATESTORE_HTTP_HEADER_TIMEOUT_MS")]
+    pub http_header_timeout_ms: Option<u64>,
+    /// Milliseconds a client has to send a request's whole body, from its headers; then the
+    /// request fails. Default 60000.
+    #[arg(long, env = "STATESTORE_HTTP_BODY_TIMEOUT_MS")]
+    pub http_body_timeout_ms: Option<u64>,
+    /// Most TLS handshakes under way at once (each bounded by 10 s); further connections wait
+    /// to be accepted. Default 64.
+    #[arg(long, env = "STATESTORE_TLS_MAX_HANDSHAKES")]
+    pub tls_max_handshakes: Option<usize>,
     /// Threads that run the node's requests, Raft and HTTP (the async runtime's workers).
     /// Default: one per CPU core. Nodes that share a machine serve more with fewer each:
     /// `cluster/local.sh` gives each of its three nodes a third of the cores (at least one).
@@ -267,6 +283,8 @@ pub struct NodeConfig {
     pub logs_kept: u64,
     /// Most `/v1/command` requests served at once.
     pub max_http_commands: usize,
+    /// Connections, header and body deadlines, TLS handshakes of the node's port.
+    pub http_limits: HttpLimits,
     /// Async runtime worker threads; `None`: one per core.
     pub worker_threads: Option<usize>,
     pub log: String,
@@ -303,6 +321,7 @@ pub struct BrokerConfig {
 pub use statestore_api::secret::ClusterSecret;
 
 use crate::access::KeyAccess;
+pub use crate::http::serve::HttpLimits;
 pub use crate::state_flush::FlushAfter;
 
 /// The files of a node's TLS identity; every node of a cluster trusts the same CA.
@@ -344,6 +363,8 @@ pub enum ConfigError {
     LogFormat(String),
     #[error("--worker-threads must be at least 1")]
     WorkerThreads,
+    #[error("{0} must be at least 1")]
+    HttpLimit(&'static str),
     #[error("--id is required (or STATESTORE_ID, or `id` in the config file)")]
     MissingId,
     #[error("--id must be a positive integer")]
@@ -410,6 +431,7 @@ impl NodeConfig {
             return Err(ConfigError::ZeroId);
         }
         let broker = broker_config(id, &args)?;
+        let http_limits = http_limits(&args)?;
         let listen = args.listen.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7400)));
         let tls = node_tls(&args)?;
         let scheme = if tls.is_some() { NodeTls::SCHEME } else { "http://" };
@@ -482,6 +504,7 @@ impl NodeConfig {
             },
             logs_kept: args.logs_kept.unwrap_or(1_000),
             max_http_commands: args.max_http_commands.unwrap_or(1024).max(1),
+            http_limits,
             worker_threads: match args.worker_threads {
                 Some(0) => return Err(ConfigError::WorkerThreads),
                 threads => threads,
@@ -529,6 +552,32 @@ pub fn check_protected(listen: SocketAddr, secret: bool, tls: bool, insecure: bo
         return Ok(());
     }
     Err(ConfigError::Unprotected(listen))
+}
+
+/// The limits of the node's port; each at least 1.
+fn http_limits(args: &Args) -> Result<HttpLimits, ConfigError> {
+    let default = HttpLimits::DEFAULT;
+    let positive = |flag: &'static str, value: Option<u64>, default: u64| match value {
+        Some(0) => Err(ConfigError::HttpLimit(flag)),
+        value => Ok(value.unwrap_or(default)),
+    };
+    let count = |flag, value: Option<usize>, default: usize| {
+        positive(flag, value.map(|v| v as u64), default as u64).map(|v| v as usize)
+    };
+    Ok(HttpLimits {
+        max_connections: count("--http-max-connections", args.http_max_connections, default.max_connections)?,
+        header_timeout: Duration::from_millis(positive(
+            "--http-header-timeout-ms",
+            args.http_header_timeout_ms,
+            default.header_timeout.as_millis() as u64,
+        )?),
+        body_timeout: Duration::from_millis(positive(
+            "--http-body-timeout-ms",
+            args.http_body_timeout_ms,
+            default.body_timeout.as_millis() as u64,
+        )?),
+        max_handshakes: count("--tls-max-handshakes", args.tls_max_handshakes, default.max_handshakes)?,
+    })
 }
 
 /// TLS between nodes: all three files, or none.

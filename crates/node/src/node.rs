@@ -137,7 +137,8 @@ pub const HANDOVER_DEADLINE: Duration = Duration::from_secs(2);
 /// An HTTP client for a node's peers, over TLS (`peer_tls`) when the cluster uses it. Every
 /// request gives up after `timeout`.
 fn peer_client(peer_tls: Option<&rustls::ClientConfig>, timeout: Duration) -> reqwest::Result<reqwest::Client> {
-    let builder = reqwest::Client::builder().timeout(timeout);
+    // Idle connections dropped before a peer's port closes them (`--http-header-timeout-ms`).
+    let builder = reqwest::Client::builder().timeout(timeout).pool_idle_timeout(Duration::from_secs(5));
     match peer_tls {
         Some(tls) => builder.use_preconfigured_tls(tls.clone()).build(),
         None => builder.build(),
@@ -227,8 +228,8 @@ impl Node {
         let pipeline =
             Pipeline::start(raft.clone(), storage.reader.clone(), metrics.clone(), Some(clock_check.clone()));
         let leader = Leader::start(raft.clone(), pipeline.clone(), storage.reader.clone(), &metrics.registry)?;
-        let node = Arc::new(Node {
         let readiness = crate::readiness::ReadinessCheck::new(raft.clone(), &metrics.registry)?;
+        let node = Arc::new(Node {
             id: config.id,
             advertise: config.advertise.clone(),
             raft,
@@ -238,8 +239,8 @@ impl Node {
             leader,
             log: log.clone(),
             elector: elector.clone(),
-            snapshot_receiver: statestore_raft::SnapshotReceiver::new(config.snapshot_install_rate),
             readiness,
+            snapshot_receiver: statestore_raft::SnapshotReceiver::new(config.snapshot_install_rate),
             broker_connected: std::sync::OnceLock::new(),
             broker_slow: std::sync::OnceLock::new(),
             snapshot_wanted: Arc::new(AtomicU64::new(0)),
