@@ -2,7 +2,8 @@
 # Starts docker-compose.yml as its own project on other host ports, as a user's `docker compose
 # up` would, and checks it: every node becomes healthy (its /ready through the CLI in the
 # container), a key written through the published broker port reads back, every node reports
-# the same leader, the CLI works inside the containers, a membership change sent to any node
+# the same leader, the CLI works inside the containers, a guarded route refuses a request from
+# the host without the cluster secret (401), a membership change sent to any node with the secret
 # reaches the leader, and Prometheus scrapes all three nodes. Then it removes the project and its
 # volumes (KEEP=1 keeps them). First, where no registry is reachable, it checks that the failed
 # build of a missing image tells the user about cluster/images.sh.
@@ -32,8 +33,11 @@ source cluster/compose.sh
 
 [[ -x "$cli" ]] || die "$cli is missing; build it with: cargo build --release --workspace --bins --locked"
 
+# The cluster secret copied out of a container, as README.md shows.
+secret_dir="$(mktemp -d)"
 cleanup() {
   local status=$?
+  rm -rf "$secret_dir"
   if ((status != 0)); then
     compose ps || true
     compose logs --tail 30 2>&1 || true
@@ -90,6 +94,16 @@ for service in node1 node3; do
 done
 compose exec -T node2 statestore-cli cluster members >/dev/null || die "statestore-cli cluster members in node2 failed"
 echo "== statestore-cli works inside the containers"
+
+# The nodes created their cluster secret: a guarded route refuses the host without it.
+for route in /v1/command /cluster/learners; do
+  code="$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$STATESTORE_HTTP_PORT_1$route")"
+  [[ "$code" == 401 ]] || die "POST $route without the cluster secret answered $code, not 401"
+done
+echo "== guarded routes refuse the host without the cluster secret (401)"
+docker cp "$(compose ps -q node1)":/secret/cluster-secret "$secret_dir/cluster-secret" >/dev/null \
+  || die "could not copy the cluster secret out of node1 (README.md shows this step)"
+export STATESTORE_CLUSTER_SECRET_FILE="$secret_dir/cluster-secret"
 
 # A membership change sent from the host to any node reaches the leader, though the host cannot
 # resolve the leader's advertised name: every node answers as the leader does.

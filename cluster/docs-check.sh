@@ -43,6 +43,7 @@ README.md|bash .ci/run|skip|CI itself, which runs this script
 docs/benchmarks.md|bash benches/compare.sh |options
 docs/operations.md|statestore --id 4 |local-members
 docs/operations.md|statestore-cli set greeting hello |compose
+docs/operations.md|docker cp "$(docker compose ps -q node1)"|compose
 docs/operations.md|docker compose ps|compose-last
 docs/operations.md|openssl req -x509|host
 docs/operations.md|printf '*3\r\n$3\r\nSET|compose

@@ -177,12 +177,15 @@ stage_node() {
     objcopy --strip-debug "$rootfs/usr/local/bin/statestore"
     objcopy --strip-debug "$rootfs/usr/local/bin/statestore-cli"
   fi
-  mkdir -p "$context/data"
+  mkdir -p "$context/data" "$context/secret"
+  chmod 0700 "$context/secret"
   cat >"$context/Dockerfile" <<'DOCKERFILE'
 FROM scratch
 COPY rootfs/ /
-# A fresh named volume mounted at /data takes this directory's owner, so the node can write it.
+# A fresh named volume mounted at /data or /secret (the cluster secret the first node creates)
+# takes this directory's owner, so the node can write it.
 COPY --chown=10001:10001 data/ /data/
+COPY --chown=10001:10001 secret/ /secret/
 USER 10001:10001
 ENV STATESTORE_LISTEN=0.0.0.0:7400 \
     STATESTORE_DATA_DIR=/data

@@ -98,6 +98,7 @@ async fn start_cluster(dir: &std::path::Path, mqtt_port: u16) -> Vec<RunningNode
             flush_after: statestore_node::config::DEFAULT_FLUSH_AFTER,
             logs_kept: 1_000,
             max_http_commands: 1024,
+            http_limits: statestore_node::config::HttpLimits::DEFAULT,
             log: "warn".into(),
             log_json: false,
             worker_threads: None,

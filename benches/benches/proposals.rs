@@ -37,6 +37,7 @@ fn config(id: u64, port: u16, members: &str, dir: &std::path::Path) -> NodeConfi
         flush_after: statestore_node::config::DEFAULT_FLUSH_AFTER,
         logs_kept: 1_000,
         max_http_commands: 1024,
+        http_limits: statestore_node::config::HttpLimits::DEFAULT,
         log: "warn".into(),
         log_json: false,
         worker_threads: None,

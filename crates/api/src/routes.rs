@@ -13,7 +13,7 @@ pub const LEADER: &str = "/cluster/leader";
 pub const SNAPSHOT: &str = "/cluster/snapshot";
 /// `GET`: a backup of every key, streamed (`statestore_protocol::backup`).
 pub const BACKUP: &str = "/cluster/backup";
-/// `POST ?first=true|false` with backup key frames: answered [`crate::body::Restored`].
+/// `POST ?session=N&first=true|false` with backup key frames (`N` chosen by the client, the same for every chunk of one restore): answered [`crate::body::Restored`].
 pub const RESTORE: &str = "/cluster/restore";
 /// `POST`: one RESP3 request; the answer is the RESP3 reply.
 pub const COMMAND: &str = "/v1/command";

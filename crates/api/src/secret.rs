@@ -49,6 +49,43 @@ impl ClusterSecret {
         ClusterSecret::new(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
+    /// Reads the secret in the file at `path`; where no file is, first creates one with a new
+    /// random secret (32 bytes of the system's random source, in hex) readable by its owner only.
+    /// Processes that create it at once (nodes sharing a volume) all end with the same secret:
+    /// each writes its own temporary file beside `path` and links it there, which fails for all
+    /// but the first.
+    pub fn read_or_create(path: &Path) -> Result<ClusterSecret, String> {
+        use std::io::{Read, Write};
+        use std::os::unix::fs::OpenOptionsExt;
+        if !path.exists() {
+            let failed = |what: &str, e: std::io::Error| {
+                format!("creating the cluster secret file {}: {what}: {e}", path.display())
+            };
+            let mut random = [0u8; 32];
+            std::fs::File::open("/dev/urandom")
+                .and_then(|mut source| source.read_exact(&mut random))
+                .map_err(|e| failed("reading /dev/urandom", e))?;
+            let secret: String = random.iter().map(|byte| format!("{byte:02x}")).collect();
+            let name = path.file_name().map_or("cluster-secret".into(), |name| name.to_string_lossy());
+            let unique = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let temporary = path.with_file_name(format!(".{name}.{}.{}", std::process::id(), unique.as_nanos()));
+            let written =
+                std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&temporary).and_then(
+                    |mut file| {
+                        file.write_all(format!("{secret}\n").as_bytes())?;
+                        file.sync_all()
+                    },
+                );
+            let linked = written.and_then(|()| match std::fs::hard_link(&temporary, path) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+                _ => Ok(()),
+            });
+            let _ = std::fs::remove_file(&temporary);
+            linked.map_err(|e| failed(&format!("writing {}", temporary.display()), e))?;
+        }
+        ClusterSecret::from_file(path)
+    }
+
     /// The secret named by the environment: `STATESTORE_CLUSTER_SECRET`, else the file named by
     /// `STATESTORE_CLUSTER_SECRET_FILE`; `None` when neither is set (or both are empty).
     pub fn from_env() -> Result<Option<ClusterSecret>, String> {

@@ -42,11 +42,24 @@ pub struct Args {
     /// NAT: `2=http://10.1.0.2:7400,3=...`. Peers not listed are reached at their advertised URL.
     #[arg(long, env = "STATESTORE_PEER_ROUTES")]
     pub peer_routes: Option<String>,
-    /// A file holding the cluster secret that Raft RPC, membership changes and `/v1/command`
-    /// must carry (`Authorization: Bearer <secret>`); or give the secret itself in
-    /// STATESTORE_CLUSTER_SECRET. Never on the command line. Default: none, every route open.
+    /// A file holding the cluster secret that Raft RPC, membership changes, backups, restores
+    /// and `/v1/command` must carry (`Authorization: Bearer <secret>`); or give the secret itself
+    /// in STATESTORE_CLUSTER_SECRET. Never on the command line. Default: none; a node listening
+    /// on an address other than loopback then needs TLS or --insecure-no-auth.
     #[arg(long, env = "STATESTORE_CLUSTER_SECRET_FILE")]
     pub cluster_secret_file: Option<PathBuf>,
+    /// If the file of --cluster-secret-file does not exist, create it with a new random secret
+    /// (readable by its owner only). Nodes that start at once with the same file on a shared
+    /// volume all use the first one written. Default false.
+    #[arg(long, env = "STATESTORE_CREATE_CLUSTER_SECRET")]
+    #[serde(skip)]
+    pub create_cluster_secret: bool,
+    /// Serve on an address other than loopback without a cluster secret and without TLS:
+    /// anyone who reaches the port may then append to the Raft log, change the membership,
+    /// restore a backup and write any key. Default false: such a node refuses to start.
+    #[arg(long, env = "STATESTORE_INSECURE_NO_AUTH")]
+    #[serde(skip)]
+    pub insecure_no_auth: bool,
     /// PEM certificate chain of this node (with --tls-key and --tls-ca): the HTTP port then
     /// speaks only HTTPS, peers are reached over HTTPS with this certificate as the client's,
     /// and Raft RPC, membership changes and `/v1/command` need a client certificate that
@@ -122,6 +135,22 @@ pub struct Args {
     /// `too_many_commands`. Default 1024.
     #[arg(long, env = "STATESTORE_MAX_HTTP_COMMANDS")]
     pub max_http_commands: Option<usize>,
+    /// Most HTTP connections the node serves at once (peers, operators, probes, Prometheus);
+    /// one more is answered 503 `too_many_connections` and closed. Default 1024.
+    #[arg(long, env = "STATESTORE_HTTP_MAX_CONNECTIONS")]
+    pub http_max_connections: Option<usize>,
+    /// Milliseconds a client has to send a request's headers, from its connection's start or its
+    /// previous answer; then the connection is closed (idle ones too). Default 10000.
+    #[arg(long, env = "STATESTORE_HTTP_HEADER_TIMEOUT_MS")]
+    pub http_header_timeout_ms: Option<u64>,
+    /// Milliseconds a client has to send a request's whole body, from its headers; then the
+    /// request fails. Default 60000.
+    #[arg(long, env = "STATESTORE_HTTP_BODY_TIMEOUT_MS")]
+    pub http_body_timeout_ms: Option<u64>,
+    /// Most TLS handshakes under way at once (each bounded by 10 s); further connections wait
+    /// to be accepted. Default 64.
+    #[arg(long, env = "STATESTORE_TLS_MAX_HANDSHAKES")]
+    pub tls_max_handshakes: Option<usize>,
     /// Threads that run the node's requests, Raft and HTTP (the async runtime's workers).
     /// Default: one per CPU core. Nodes that share a machine serve more with fewer each:
     /// `cluster/local.sh` gives each of its three nodes a third of the cores (at least one).
@@ -208,6 +237,7 @@ impl Args {
     /// These settings, with each one they leave unset taken from `file`.
     fn filled_from(self, file: Args) -> Args {
         let (config, restored) = (self.config.clone(), self.restored);
+        let (create_cluster_secret, insecure_no_auth) = (self.create_cluster_secret, self.insecure_no_auth);
         // Both are the same plain struct of options: as JSON objects, a null is an unset setting.
         let given = serde_json::to_value(self).expect("settings serialize");
         let file = serde_json::to_value(file).expect("settings serialize");
@@ -221,7 +251,7 @@ impl Args {
             }
         }
         let merged: Args = serde_json::from_value(serde_json::Value::Object(given)).expect("settings deserialize");
-        Args { config, restored, ..merged }
+        Args { config, restored, create_cluster_secret, insecure_no_auth, ..merged }
     }
 }
 
@@ -261,6 +291,8 @@ pub struct NodeConfig {
     pub logs_kept: u64,
     /// Most `/v1/command` requests served at once.
     pub max_http_commands: usize,
+    /// Connections, header and body deadlines, TLS handshakes of the node's port.
+    pub http_limits: HttpLimits,
     /// Async runtime worker threads; `None`: one per core.
     pub worker_threads: Option<usize>,
     pub log: String,
@@ -299,6 +331,7 @@ pub struct BrokerConfig {
 pub use statestore_api::secret::ClusterSecret;
 
 use crate::access::KeyAccess;
+pub use crate::http::serve::HttpLimits;
 pub use crate::state_flush::FlushAfter;
 
 /// The files of a node's TLS identity; every node of a cluster trusts the same CA.
@@ -340,6 +373,8 @@ pub enum ConfigError {
     LogFormat(String),
     #[error("--worker-threads must be at least 1")]
     WorkerThreads,
+    #[error("{0} must be at least 1")]
+    HttpLimit(&'static str),
     #[error("--id is required (or STATESTORE_ID, or `id` in the config file)")]
     MissingId,
     #[error("--id must be a positive integer")]
@@ -362,6 +397,12 @@ pub enum ConfigError {
     Authorization(String),
     #[error("{flag} must be 0 (no limit) or at least {MIN_SNAPSHOT_RATE} bytes a second, not {rate}")]
     SnapshotRate { flag: &'static str, rate: u64 },
+    #[error(
+        "--listen {0} is not a loopback address and the node has neither a cluster secret \
+         (--cluster-secret-file, STATESTORE_CLUSTER_SECRET) nor TLS (--tls-cert, --tls-key, --tls-ca): \
+         give one, or --insecure-no-auth (STATESTORE_INSECURE_NO_AUTH=true) to serve every route to anyone"
+    )]
+    Unprotected(SocketAddr),
 }
 
 /// The default of `--log`.
@@ -400,6 +441,7 @@ impl NodeConfig {
             return Err(ConfigError::ZeroId);
         }
         let broker = broker_config(id, &args)?;
+        let http_limits = http_limits(&args)?;
         let listen = args.listen.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7400)));
         let tls = node_tls(&args)?;
         let scheme = if tls.is_some() { NodeTls::SCHEME } else { "http://" };
@@ -431,9 +473,16 @@ impl NodeConfig {
             }
         }
         let cluster_secret = match args.cluster_secret_file {
+            Some(path) if args.create_cluster_secret => {
+                Some(ClusterSecret::read_or_create(&path).map_err(ConfigError::Secret)?)
+            }
             Some(path) => Some(ClusterSecret::from_file(&path).map_err(ConfigError::Secret)?),
+            None if args.create_cluster_secret => {
+                return Err(ConfigError::Secret("--create-cluster-secret needs --cluster-secret-file".into()))
+            }
             None => secret_from_env()?,
         };
+        check_protected(listen, cluster_secret.is_some(), tls.is_some(), args.insecure_no_auth)?;
         let config = NodeConfig {
             id,
             listen,
@@ -465,6 +514,7 @@ impl NodeConfig {
             },
             logs_kept: args.logs_kept.unwrap_or(1_000),
             max_http_commands: args.max_http_commands.unwrap_or(1024).max(1),
+            http_limits,
             worker_threads: match args.worker_threads {
                 Some(0) => return Err(ConfigError::WorkerThreads),
                 threads => threads,
@@ -503,6 +553,41 @@ impl NodeConfig {
         }
         Ok(())
     }
+}
+
+/// A node reachable from other machines guards its routes with a cluster secret or TLS, unless
+/// told in so many words not to (`--insecure-no-auth`). On loopback only this machine reaches it.
+pub fn check_protected(listen: SocketAddr, secret: bool, tls: bool, insecure: bool) -> Result<(), ConfigError> {
+    if listen.ip().is_loopback() || secret || tls || insecure {
+        return Ok(());
+    }
+    Err(ConfigError::Unprotected(listen))
+}
+
+/// The limits of the node's port; each at least 1.
+fn http_limits(args: &Args) -> Result<HttpLimits, ConfigError> {
+    let default = HttpLimits::DEFAULT;
+    let positive = |flag: &'static str, value: Option<u64>, default: u64| match value {
+        Some(0) => Err(ConfigError::HttpLimit(flag)),
+        value => Ok(value.unwrap_or(default)),
+    };
+    let count = |flag, value: Option<usize>, default: usize| {
+        positive(flag, value.map(|v| v as u64), default as u64).map(|v| v as usize)
+    };
+    Ok(HttpLimits {
+        max_connections: count("--http-max-connections", args.http_max_connections, default.max_connections)?,
+        header_timeout: Duration::from_millis(positive(
+            "--http-header-timeout-ms",
+            args.http_header_timeout_ms,
+            default.header_timeout.as_millis() as u64,
+        )?),
+        body_timeout: Duration::from_millis(positive(
+            "--http-body-timeout-ms",
+            args.http_body_timeout_ms,
+            default.body_timeout.as_millis() as u64,
+        )?),
+        max_handshakes: count("--tls-max-handshakes", args.tls_max_handshakes, default.max_handshakes)?,
+    })
 }
 
 /// TLS between nodes: all three files, or none.
@@ -673,6 +758,46 @@ mod tests {
 
     fn args(list: &[&str]) -> Args {
         Args::try_parse_from(std::iter::once("statestore").chain(list.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn a_node_off_loopback_needs_a_secret_tls_or_the_insecure_flag() {
+        let public: SocketAddr = "0.0.0.0:7400".parse().unwrap();
+        let refused = check_protected(public, false, false, false).unwrap_err();
+        assert_eq!(refused, ConfigError::Unprotected(public));
+        let text = refused.to_string();
+        for flag in ["--cluster-secret-file", "--tls-cert", "--insecure-no-auth", "STATESTORE_INSECURE_NO_AUTH"] {
+            assert!(text.contains(flag), "{text}");
+        }
+        for (secret, tls, insecure) in [(true, false, false), (false, true, false), (false, false, true)] {
+            assert_eq!(check_protected(public, secret, tls, insecure), Ok(()), "{secret} {tls} {insecure}");
+        }
+        for loopback in ["127.0.0.1:7400", "127.0.0.9:1", "[::1]:7400"] {
+            assert_eq!(check_protected(loopback.parse().unwrap(), false, false, false), Ok(()), "{loopback}");
+        }
+        for public in ["10.0.0.1:7400", "[::]:7400"] {
+            assert!(check_protected(public.parse().unwrap(), false, false, false).is_err(), "{public}");
+        }
+        let given = |list: &[&str]| NodeConfig::from_args(args(list)).map(|config| config.listen);
+        assert_eq!(given(&["--id", "1", "--listen", "0.0.0.0:7400"]), Err(ConfigError::Unprotected(public)));
+        assert_eq!(given(&["--id", "1", "--listen", "0.0.0.0:7400", "--insecure-no-auth"]), Ok(public));
+    }
+
+    #[test]
+    fn a_cluster_secret_file_is_created_once_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        let file = path.to_str().unwrap();
+        let unasked = NodeConfig::from_args(args(&["--id", "1", "--cluster-secret-file", file])).unwrap_err();
+        assert!(matches!(unasked, ConfigError::Secret(_)), "{unasked}");
+        let create = ["--id", "1", "--cluster-secret-file", file, "--create-cluster-secret", "--listen", "0.0.0.0:1"];
+        let first = NodeConfig::from_args(args(&create)).unwrap().cluster_secret.unwrap();
+        let second = NodeConfig::from_args(args(&create)).unwrap().cluster_secret.unwrap();
+        assert_eq!(first, second, "the file is read, not made again");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        let alone = NodeConfig::from_args(args(&["--id", "1", "--create-cluster-secret"])).unwrap_err();
+        assert!(alone.to_string().contains("--cluster-secret-file"), "{alone}");
     }
 
     #[test]

@@ -25,6 +25,7 @@
 //! - [`metrics`]: the Prometheus registry and Raft gauges.
 //! - [`mqtt`]: the MQTT5 front end — an adapter from the broker to the pipeline: the state
 //!   store protocol, the follower shadow, and the notification sink.
+//! - [`readiness`]: a leader's `/ready` shares one quorum confirmation among its callers.
 //! - [`restore_check`]: a node started with `--restored` first checks that the cluster its data
 //!   directory names is not running (a flag left over from a restore that has ended).
 //! - [`server`]: runs a node until SIGTERM or SIGINT.
@@ -46,6 +47,7 @@ pub mod metrics;
 pub mod mqtt;
 pub mod node;
 pub mod pipeline;
+pub mod readiness;
 pub mod restore_check;
 pub mod server;
 pub mod state_flush;

@@ -91,6 +91,8 @@ pub struct Node {
     pub leader: Leader,
     /// Decides when this node stands for election, and answers other nodes' pre-votes.
     pub elector: Elector,
+    /// The quorum confirmation a leader's `/ready` callers share.
+    pub readiness: crate::readiness::ReadinessCheck,
     /// The snapshot being received from the leader, checked before it is installed.
     pub snapshot_receiver: statestore_raft::SnapshotReceiver,
     /// Whether requests reach the MQTT front end through its broker in time (connected, the
@@ -135,7 +137,8 @@ pub const HANDOVER_DEADLINE: Duration = Duration::from_secs(2);
 /// An HTTP client for a node's peers, over TLS (`peer_tls`) when the cluster uses it. Every
 /// request gives up after `timeout`.
 fn peer_client(peer_tls: Option<&rustls::ClientConfig>, timeout: Duration) -> reqwest::Result<reqwest::Client> {
-    let builder = reqwest::Client::builder().timeout(timeout);
+    // Idle connections dropped before a peer's port closes them (`--http-header-timeout-ms`).
+    let builder = reqwest::Client::builder().timeout(timeout).pool_idle_timeout(Duration::from_secs(5));
     match peer_tls {
         Some(tls) => builder.use_preconfigured_tls(tls.clone()).build(),
         None => builder.build(),
@@ -225,6 +228,7 @@ impl Node {
         let pipeline =
             Pipeline::start(raft.clone(), storage.reader.clone(), metrics.clone(), Some(clock_check.clone()));
         let leader = Leader::start(raft.clone(), pipeline.clone(), storage.reader.clone(), &metrics.registry)?;
+        let readiness = crate::readiness::ReadinessCheck::new(raft.clone(), &metrics.registry)?;
         let node = Arc::new(Node {
             id: config.id,
             advertise: config.advertise.clone(),
@@ -235,6 +239,7 @@ impl Node {
             leader,
             log: log.clone(),
             elector: elector.clone(),
+            readiness,
             snapshot_receiver: statestore_raft::SnapshotReceiver::new(config.snapshot_install_rate),
             broker_connected: std::sync::OnceLock::new(),
             broker_slow: std::sync::OnceLock::new(),
@@ -383,12 +388,6 @@ impl Node {
     /// everything committed before the call.
     pub async fn ensure_linearizable(&self) -> Result<(), ExecuteError> {
         crate::pipeline::ensure_linearizable(&self.raft).await
-    }
-
-    /// [`Node::ensure_linearizable`] bounded by `within`: false when no round in that time
-    /// reached a quorum (or another node leads).
-    pub async fn confirms_leadership_within(&self, within: Duration) -> bool {
-        crate::pipeline::confirm_leadership_within(&self.raft, within).await.is_ok()
     }
 
     /// Watches whether requests reach this node through its broker in time (true while connected

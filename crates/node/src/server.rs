@@ -92,14 +92,14 @@ pub async fn start(config: &NodeConfig) -> anyhow::Result<RunningNode> {
     let stopped = async move {
         let _ = stopped.await;
     };
+    let limits = config.http_limits;
     let served = match tls_server {
         Some(tls) => {
-            let listener = http::tls::TlsListener::new(listener, tls)?;
-            let app =
-                http::router(node.clone(), true).into_make_service_with_connect_info::<http::tls::ClientCertificate>();
-            tokio::spawn(async move {
-                axum::serve(listener, app).with_graceful_shutdown(stopped).await.context("serving HTTPS")
-            })
+            let listener = http::tls::TlsListener::new(listener, tls, limits.max_handshakes)?;
+            let app = http::router(node.clone(), true);
+            tokio::spawn(
+                async move { http::serve::serve(listener, app, limits, stopped).await.context("serving HTTPS") },
+            )
         }
         None => {
             let app = http::router(node.clone(), false);
@@ -107,9 +107,9 @@ pub async fn start(config: &NodeConfig) -> anyhow::Result<RunningNode> {
             let listener = listener.tap_io(|tcp| {
                 let _ = tcp.set_nodelay(true);
             });
-            tokio::spawn(async move {
-                axum::serve(listener, app).with_graceful_shutdown(stopped).await.context("serving HTTP")
-            })
+            tokio::spawn(
+                async move { http::serve::serve(listener, app, limits, stopped).await.context("serving HTTP") },
+            )
         }
     };
     Ok(RunningNode { node, front_end, stop, served })

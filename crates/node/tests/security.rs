@@ -5,6 +5,8 @@
 //!   with the CA and a client certificate.
 //! - TLS to the broker: nodes reach a Mosquitto TLS listener that requires client certificates.
 //! - Keys per client: under an authorization file each MQTT client uses only its prefixes.
+//! - Closed by default: a node listening beyond loopback starts only with a cluster secret, TLS
+//!   or `--insecure-no-auth`.
 
 mod common;
 
@@ -273,4 +275,82 @@ async fn nodes_reach_a_tls_broker_and_each_client_uses_only_its_keys() {
     assert_eq!(stranger.request(&set("public/a", "x"), None).await.unwrap().response, Response::Ok);
     assert_eq!(admin.request(&get("other/a"), None).await.unwrap().response, Response::Value(b"theirs".to_vec()));
     assert_eq!(admin.request(&get("tenant/a"), None).await.unwrap().response, Response::Value(b"mine".to_vec()));
+}
+
+/// A node that others can reach (its `--listen` is not loopback) starts only with a cluster secret,
+/// TLS, or `--insecure-no-auth`; with `--create-cluster-secret` it makes its own secret and
+/// guards its routes with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_beyond_loopback_without_a_secret_or_tls_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = env!("CARGO_BIN_EXE_statestore");
+    let port = common::free_port();
+    let data = dir.path().join("data");
+    let command = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut command = std::process::Command::new(node);
+        command
+            .args(["--id=1", &format!("--listen=0.0.0.0:{port}"), &format!("--data-dir={}", data.display())])
+            .args([
+                format!("--advertise=http://127.0.0.1:{port}"),
+                format!("--initial-members=1=http://127.0.0.1:{port}"),
+            ])
+            .args(extra)
+            .env_clear()
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::null());
+        command
+    };
+    let mut refused =
+        command(&[], &[]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while refused.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() >= until {
+            refused.kill().unwrap();
+            refused.wait().unwrap();
+            panic!("the node started on 0.0.0.0 without a cluster secret or TLS");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = refused.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    for flag in ["--listen", "--cluster-secret-file", "--tls-cert", "--insecure-no-auth", "STATESTORE_INSECURE_NO_AUTH"]
+    {
+        assert!(stderr.contains(flag), "{flag} not named: {stderr}");
+    }
+    assert!(!data.exists(), "nothing is written before the settings are checked");
+
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    // Runs the node until it answers /health; then the status of an unauthenticated command.
+    let serve_and_try = |mut command: std::process::Command| {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let mut child =
+                command.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+            let until = std::time::Instant::now() + common::DEADLINE;
+            while http.get(format!("{url}/health")).send().await.is_err() {
+                assert!(child.try_wait().unwrap().is_none(), "the node stopped");
+                assert!(std::time::Instant::now() < until, "the node never served");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let command = Set::new("k", "v").encode();
+            let status = http.post(format!("{url}/v1/command")).body(command).send().await.unwrap().status();
+            child.kill().unwrap();
+            child.wait().unwrap();
+            status.as_u16()
+        }
+    };
+    let open = serve_and_try(command(&[], &[("STATESTORE_INSECURE_NO_AUTH", "true")])).await;
+    assert_ne!(open, 401, "--insecure-no-auth serves every route");
+
+    let secret_file = dir.path().join("secret/cluster-secret");
+    std::fs::create_dir_all(secret_file.parent().unwrap()).unwrap();
+    let secret_flag = format!("--cluster-secret-file={}", secret_file.display());
+    let guarded = serve_and_try(command(&[&secret_flag, "--create-cluster-secret"], &[])).await;
+    assert_eq!(guarded, 401, "a created secret guards the routes");
+    let secret = std::fs::read_to_string(&secret_file).unwrap();
+    assert!(secret.trim().len() >= 32, "{secret:?}");
 }

@@ -106,7 +106,9 @@ impl NetworkFactory {
             // A peer answers each RPC itself: nothing to follow, and no per-answer policy check.
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_millis(500))
-            .pool_idle_timeout(Duration::from_secs(30));
+            // Under the 10 s a peer's port gives an idle connection (`--http-header-timeout-ms`):
+            // this side drops it first, rather than sending on one the peer is closing.
+            .pool_idle_timeout(Duration::from_secs(5));
         if let Some(tls) = tls {
             builder = builder.use_preconfigured_tls(tls);
         }

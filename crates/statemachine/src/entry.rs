@@ -40,7 +40,9 @@ impl Entry {
                 Operation::Enroll { incarnation, .. } => incarnation.as_ref().map_or(0, String::len),
                 Operation::NameCluster { id, .. } => id.len(),
                 Operation::RenameCluster { id, replaces } => id.len() + replaces.as_ref().map_or(0, String::len),
-                Operation::Restore { keys, .. } => keys.iter().map(|k| k.key.len() + k.value.len() + 64).sum(),
+                Operation::Restore { keys, .. } | Operation::RestoreChunk { keys, .. } => {
+                    keys.iter().map(|k| k.key.len() + k.value.len() + 64).sum()
+                }
             }
     }
 }
@@ -68,15 +70,20 @@ pub enum Operation {
     /// this name and forgets every enrollment. Leaders propose [`Operation::RenameCluster`] for
     /// a restored cluster now; `anew` stays for logs written before it.
     NameCluster { id: String, anew: bool },
-    /// Loads keys from a backup (`statestore-cli snapshot restore`) as they were: value, version,
-    /// fencing token and deadline. The `first` chunk is refused unless the store holds no key;
-    /// versions issued afterwards are newer than every restored one.
+    /// Loads keys from a backup as they were, without a session: leaders propose
+    /// [`Operation::RestoreChunk`] now; this stays for logs written before it.
     Restore { first: bool, keys: Vec<statestore_protocol::backup::BackupKey> },
     /// Names a cluster restored from a backup anew (it is a new cluster) and forgets every
     /// enrollment, if its name is still `replaces`, the one its proposer had applied; otherwise
     /// ignored. So when two leaders in turn propose a name before either is applied, the first
     /// applied stays, and every node ends with the same one.
     RenameCluster { id: String, replaces: Option<String> },
+    /// Loads keys from a backup (`statestore-cli snapshot restore`) as they were: value, version,
+    /// fencing token and deadline. The `first` chunk opens restore `session`, and is refused
+    /// unless the store holds no key; a later chunk is refused unless it belongs to the session
+    /// and no client has written a key since the session began. Chunks over the quotas are
+    /// refused whole. Versions issued afterwards are newer than every restored one.
+    RestoreChunk { session: u64, first: bool, keys: Vec<statestore_protocol::backup::BackupKey> },
 }
 
 /// A client request with the envelope facts apply needs.

@@ -30,7 +30,7 @@ pub use entry::{
     Applied, ClientRequest, Entry, KeyNotification, Operation, OutboxEntry, Proposal, Reply, RequestIdentity,
 };
 pub use keyspace::{DueKey, KeyRecord};
-pub use machine::{Config, StateMachine};
+pub use machine::{Config, RestoreRefusal, StateMachine};
 pub use meta::VERSION_NODE_ID;
 pub use scan::{KeyPrefixes, ScanLimits};
 pub use storage::{Batch, MemStorage, Overlay, Storage, StorageError, StorageRead, Table, Txn};

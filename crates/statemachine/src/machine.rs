@@ -149,6 +149,7 @@ impl StateMachine {
                 Reply::new(Response::Int(i64::from(meta::name_cluster(apply.txn, id, *anew)?)), None)
             }
             Operation::Restore { first, keys } => apply.restore(*first, keys)?,
+            Operation::RestoreChunk { session, first, keys } => apply.restore_chunk(*session, *first, keys)?,
             Operation::RenameCluster { id, replaces } => {
                 Reply::new(Response::Int(i64::from(meta::rename_cluster(apply.txn, id, replaces.as_deref())?)), None)
             }
@@ -197,6 +198,37 @@ fn read_get(store: &(impl StorageRead + ?Sized), get: &Get, now: u64) -> Result<
         Some(record) => Reply::new(Response::Value(record.value), Some(record.version)),
         None => Reply::new(Response::Nil, None),
     })
+}
+
+/// Why a restore chunk was refused; its text is the chunk's error reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RestoreRefusal {
+    #[error("the store already holds keys: restore a backup into a new cluster")]
+    NotEmpty,
+    #[error("no restore with session {0} is under way: a later chunk must follow the first chunk of its session")]
+    NoSession(u64),
+    #[error(
+        "a client wrote key {:?} during this restore: the cluster now holds keys the backup does not, start over with a new cluster",
+        String::from_utf8_lossy(.0)
+    )]
+    WrittenByClient(Vec<u8>),
+    #[error("the chunk would take the store to {keys} keys (quota {max_keys}) and {bytes} bytes (quota {max_bytes})")]
+    OverQuota { keys: u64, max_keys: u64, bytes: u64, max_bytes: u64 },
+}
+
+impl RestoreRefusal {
+    /// The HTTP error code of a refusal whose text is `message`.
+    pub fn code_of(message: &str) -> &'static str {
+        if message.starts_with("the store already holds keys") {
+            "not_empty"
+        } else if message.starts_with("a client wrote key") {
+            "written_during_restore"
+        } else if message.starts_with("no restore with session") {
+            "no_restore_session"
+        } else {
+            "over_quota"
+        }
+    }
 }
 
 /// §11: a fenced key needs a token at least as new as the stored one.
@@ -281,6 +313,7 @@ impl<T: Txn> Apply<'_, T> {
             expires_at: set.expiry_ms.map(|ms| self.now.saturating_add(ms)),
         };
         keyspace::store(self.txn, &set.key, current.as_ref(), &record)?;
+        self.written_by_client(&set.key)?;
         let notification = Notification::Set { value: Bytes::copy_from_slice(&set.value) };
         watch::notify(self.txn, &set.key, &notification, &version, &mut self.notifications)?;
         Ok(Reply::new(Response::Ok, Some(version)))
@@ -315,6 +348,7 @@ impl<T: Txn> Apply<'_, T> {
             return Ok(Reply::new(Response::Int(-1), Some(current.version)));
         }
         let version = self.remove(key, &current, timestamp)?;
+        self.written_by_client(key)?;
         Ok(Reply::new(Response::Int(1), Some(version)))
     }
 
@@ -353,6 +387,65 @@ impl<T: Txn> Apply<'_, T> {
             meta::observe_version(self.txn, &restored.version)?;
         }
         Ok(Reply::new(Response::Int(keys.len() as i64), None))
+    }
+
+    /// A restore chunk of `session` (see [`Operation::RestoreChunk`]). A refusal changes nothing.
+    fn restore_chunk(&mut self, session: u64, first: bool, keys: &[BackupKey]) -> Result<Reply, StorageError> {
+        let open = meta::restore_session(self.txn)?;
+        let refusal = match (&open, first) {
+            // The first chunk sent again after its answer was lost.
+            (Some(open), true) if open.id == session && open.written_by_client.is_none() => None,
+            (_, true) if meta::key_count(self.txn)? > 0 => Some(RestoreRefusal::NotEmpty),
+            (_, true) => None,
+            (Some(open), false) if open.id == session => {
+                open.written_by_client.clone().map(RestoreRefusal::WrittenByClient)
+            }
+            (_, false) => Some(RestoreRefusal::NoSession(session)),
+        };
+        let refusal = match refusal {
+            Some(refusal) => Some(refusal),
+            None => self.restore_over_quota(keys)?,
+        };
+        if let Some(refusal) = refusal {
+            return Ok(Reply::error(StoreError::Unknown(refusal.to_string())));
+        }
+        if first {
+            meta::set_restore_session(self.txn, &meta::RestoreSession { id: session, written_by_client: None });
+        }
+        self.restore(false, keys)
+    }
+
+    /// Whether storing `keys` would take the store over its key or byte quota.
+    fn restore_over_quota(&mut self, keys: &[BackupKey]) -> Result<Option<RestoreRefusal>, StorageError> {
+        let (mut key_count, mut byte_count) = (meta::key_count(self.txn)?, meta::byte_count(self.txn)?);
+        for restored in keys {
+            let new_bytes = (restored.key.len() + restored.value.len()) as u64;
+            match keyspace::load(self.txn, &restored.key)? {
+                Some(current) => {
+                    byte_count = byte_count.saturating_sub((restored.key.len() + current.value.len()) as u64)
+                }
+                None => key_count += 1,
+            }
+            byte_count = byte_count.saturating_add(new_bytes);
+        }
+        let over = key_count > self.config.max_keys || byte_count > self.config.max_bytes;
+        Ok(over.then_some(RestoreRefusal::OverQuota {
+            keys: key_count,
+            max_keys: self.config.max_keys,
+            bytes: byte_count,
+            max_bytes: self.config.max_bytes,
+        }))
+    }
+
+    /// A client stored or deleted `key`: a restore under way takes no more chunks.
+    fn written_by_client(&mut self, key: &[u8]) -> Result<(), StorageError> {
+        if let Some(session) = meta::restore_session(self.txn)? {
+            if session.written_by_client.is_none() {
+                let written_by_client = Some(key.to_vec());
+                meta::set_restore_session(self.txn, &meta::RestoreSession { written_by_client, ..session });
+            }
+        }
+        Ok(())
     }
 
     /// The sweeper's Expire: only the exact version it saw, and only once it is due.

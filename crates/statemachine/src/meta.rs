@@ -29,10 +29,12 @@ pub(crate) const DEDUP_USAGE: &[u8] = b"dedup_usage";
 pub(crate) const DEDUP_DUE: &[u8] = b"dedup_due/";
 /// The earliest time under [`DEDUP_DUE`], absent when none.
 pub(crate) const DEDUP_NEXT_DUE: &[u8] = b"dedup_next_due";
+/// The restore whose chunks the cluster takes, while one is under way.
+const RESTORE_SESSION: &[u8] = b"restore_session";
 
 /// Meta keys the state machine owns; other layers sharing [`Table::Meta`] must not use them.
 /// [`CLIENT_REGISTRATIONS`], [`INCARNATION_OF`] and [`DEDUP_DUE`] are prefixes: every key starting with it is reserved too.
-pub const RESERVED_META_KEYS: [&[u8]; 12] = [
+pub const RESERVED_META_KEYS: [&[u8]; 13] = [
     CLOCK,
     VERSION,
     KEY_COUNT,
@@ -45,6 +47,7 @@ pub const RESERVED_META_KEYS: [&[u8]; 12] = [
     DEDUP_USAGE,
     DEDUP_DUE,
     DEDUP_NEXT_DUE,
+    RESTORE_SESSION,
 ];
 
 fn read_u64(store: &(impl StorageRead + ?Sized), key: &[u8]) -> Result<u64, StorageError> {
@@ -231,4 +234,36 @@ pub(crate) fn enroll(
         None => txn.delete(Table::Meta, incarnation_key(node)),
     }
     Ok(true)
+}
+
+/// The latest restore of a backup into this store (`Operation::RestoreChunk`): the session its
+/// chunks carry, and the first key a client wrote since it began, after which it takes no chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreSession {
+    pub id: u64,
+    pub written_by_client: Option<Vec<u8>>,
+}
+
+/// The latest restore session, if a backup was ever restored through chunks.
+pub fn restore_session(store: &(impl StorageRead + ?Sized)) -> Result<Option<RestoreSession>, StorageError> {
+    let Some(bytes) = store.get(Table::Meta, RESTORE_SESSION)? else {
+        return Ok(None);
+    };
+    let mut reader = Reader::new(Table::Meta, &bytes)?;
+    let id = reader.u64()?;
+    let written_by_client = match reader.u8()? {
+        0 => None,
+        _ => Some(reader.bytes()?.to_vec()),
+    };
+    reader.finish()?;
+    Ok(Some(RestoreSession { id, written_by_client }))
+}
+
+pub(crate) fn set_restore_session(txn: &mut impl Txn, session: &RestoreSession) {
+    let writer = Writer::new().u64(session.id);
+    let writer = match &session.written_by_client {
+        Some(key) => writer.u8(1).bytes(key),
+        None => writer.u8(0),
+    };
+    txn.put(Table::Meta, RESTORE_SESSION.to_vec(), writer.finish());
 }

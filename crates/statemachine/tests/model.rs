@@ -263,7 +263,8 @@ impl Model {
             Operation::Enroll { .. }
             | Operation::NameCluster { .. }
             | Operation::RenameCluster { .. }
-            | Operation::Restore { .. } => {
+            | Operation::Restore { .. }
+            | Operation::RestoreChunk { .. } => {
                 unreachable!("not generated")
             }
             Operation::ConfirmNotifications { through } => {

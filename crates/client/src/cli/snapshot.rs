@@ -112,6 +112,8 @@ async fn restore(out: &Output, http: &Http, file: &Path) -> Outcome {
         let input = File::open(file).map_err(|e| format!("opening {}: {e}", file.display()))?;
         let mut reader = BackupReader::new(BufReader::new(input)).map_err(|e| e.to_string())?;
         let (mut chunk, mut first, mut restored) = (Vec::new(), true, 0u64);
+        // Every chunk of this restore names it: the cluster takes later chunks only from it.
+        let session = fastrand::u64(..);
         loop {
             let frame = reader.next_frame().map_err(|e| format!("{}: {e}", file.display()))?;
             let last = !matches!(frame, Some(Frame::Key(..)));
@@ -119,7 +121,7 @@ async fn restore(out: &Output, http: &Http, file: &Path) -> Outcome {
                 chunk.extend_from_slice(&bytes);
             }
             if chunk.len() >= RESTORE_CHUNK || (last && (!chunk.is_empty() || first)) {
-                let path = format!("{}?first={first}", routes::RESTORE);
+                let path = format!("{}?session={session}&first={first}", routes::RESTORE);
                 let answer = http.to_leader(&path, Payload::Bytes(std::mem::take(&mut chunk))).await?;
                 if answer.status != 200 {
                     return Err(answer.error());

@@ -379,9 +379,10 @@ async fn hears_the_leader(node: &Node) -> bool {
 /// by: openraft gives each peer the heartbeat interval (50 ms) to answer, which a healthy peer
 /// on a loaded machine misses now and then, while a leader cut off from its peers misses every
 /// round; so rounds are tried again for as long as a follower waits before it calls the leader
-/// silent (`hears_the_leader`).
+/// silent (`hears_the_leader`). Callers share one confirmation (`readiness`).
 async fn leads_a_quorum(node: &Node) -> bool {
-    node.confirms_leadership_within(2 * node.elector.lease()).await
+    let lease = node.elector.lease();
+    node.readiness.leads_a_quorum(2 * lease, lease).await
 }
 
 /// `GET /metrics`: Prometheus text format.

@@ -20,6 +20,7 @@ pub mod cluster;
 pub mod command;
 pub mod forward;
 pub mod raft_rpc;
+pub mod serve;
 pub mod tls;
 
 use std::sync::Arc;
@@ -42,7 +43,7 @@ pub(crate) const RAFT_BODY_LIMIT: usize = 128 << 20;
 pub(crate) const COMMAND_BODY_LIMIT: usize = 16 << 20;
 
 /// The node's routes. With `client_certificates`, the guarded ones need a verified client
-/// certificate (the server must then be served with [`tls::ClientCertificate`] connect info).
+/// certificate (the server must then be served by [`serve::serve`] over a [`tls::TlsListener`]).
 pub fn router(node: Arc<Node>, client_certificates: bool) -> Router {
     let authenticated = middleware::from_fn_with_state(node.clone(), require_secret);
     let raft = Router::new()

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::connect_info::ConnectInfo;
 use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::serve::{IncomingStream, Listener};
+use axum::serve::Listener;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
@@ -53,19 +53,29 @@ pub fn server_config(tls: &NodeTls) -> anyhow::Result<rustls::ServerConfig> {
 }
 
 /// A listener whose connections have completed a TLS handshake. Handshakes run on their own
-/// tasks, each bounded by [`HANDSHAKE_TIMEOUT`], so a slow or silent client delays nobody.
+/// tasks, each bounded by [`HANDSHAKE_TIMEOUT`], so a slow or silent client delays nobody; at
+/// most `max_handshakes` at once (`--tls-max-handshakes`): further connections wait in the
+/// listen backlog until one ends.
 pub struct TlsListener {
     accepted: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
     local: SocketAddr,
 }
 
 impl TlsListener {
-    pub fn new(listener: TcpListener, config: rustls::ServerConfig) -> std::io::Result<TlsListener> {
+    pub fn new(
+        listener: TcpListener,
+        config: rustls::ServerConfig,
+        max_handshakes: usize,
+    ) -> std::io::Result<TlsListener> {
         let local = listener.local_addr()?;
+        let handshakes = Arc::new(tokio::sync::Semaphore::new(max_handshakes));
         let acceptor = TlsAcceptor::from(Arc::new(config));
         let (done, accepted) = mpsc::channel(ACCEPTED_BACKLOG);
         tokio::spawn(async move {
             loop {
+                let Ok(handshake) = handshakes.clone().acquire_owned().await else {
+                    return;
+                };
                 let (stream, peer) = match listener.accept().await {
                     Ok(accepted) => accepted,
                     Err(e) => {
@@ -78,7 +88,9 @@ impl TlsListener {
                 let _ = stream.set_nodelay(true);
                 let (acceptor, handed) = (acceptor.clone(), done.clone());
                 tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    let accepted = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
+                    drop(handshake);
+                    match accepted {
                         Ok(Ok(tls)) => {
                             let _ = handed.send((tls, peer)).await;
                         }
@@ -116,12 +128,6 @@ impl Listener for TlsListener {
 /// verified any certificate it accepted).
 #[derive(Debug, Clone, Copy)]
 pub struct ClientCertificate(pub bool);
-
-impl Connected<IncomingStream<'_, TlsListener>> for ClientCertificate {
-    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
-        ClientCertificate(stream.io().get_ref().1.peer_certificates().is_some_and(|certs| !certs.is_empty()))
-    }
-}
 
 /// Lets a request through only from a client with a certificate the cluster CA signs. On a
 /// plain-HTTP server (no connection info) it is not installed.
