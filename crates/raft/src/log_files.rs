@@ -22,15 +22,18 @@
 //!
 //! Opening reads every segment, a [`WINDOW`] at a time (a record larger than that whole), so a
 //! node does not hold a 64 MiB segment in memory to open it. A header of zeros ends a
-//! segment's records. A record whose checksum fails is a write torn by a crash if some 512-byte
-//! sector of it is all zeros (never written: it was not fsynced, so never acknowledged); the
-//! log is cut there. Any other bad record (a checksum that fails with every sector written, an
-//! index out of order, a length past the file's end) is damage, and opening fails instead of
-//! dropping what follows it. So is a record that looks torn, or missing with data after it, at
-//! an entry the node had committed: it commits only what it has flushed, and a crash tears only
-//! what was not. Bytes left after a cut, or after the last record (a crash can write later
-//! sectors and not earlier ones), are zeroed, and later segments deleted, before the log is
-//! used again: a stale record must never look like the continuation of new ones.
+//! segment's records. A power cut leaves of an append not yet fsynced any mix of its 512-byte
+//! sectors written and not (zeros), so the log's tail may end in a record with a sector of
+//! zeros, a header of zeros with written sectors after it, or, where the append went on into
+//! the next segment, a segment starting after entries its predecessor (not full) never got: a
+//! torn tail, cut off there ([`LogFiles::open_holding`]). It is damage, and opening fails
+//! instead of dropping what follows, when a whole record of an entry the node had committed
+//! lies after it (the node flushes in order and commits only what it has flushed, so the torn
+//! record was flushed), and so is any other bad record: a checksum that fails with every sector
+//! written, an index out of order, a length past the file's end, a segment missing after a full
+//! one. Segments after a cut are deleted (the last first, each durably), then the bytes left
+//! after the last whole record are zeroed and synced, before the log is used again: a stale
+//! record must never look like the continuation of new ones.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -241,13 +244,24 @@ pub struct Recovery {
     /// The most bytes of a segment held in memory at once while reading it: [`WINDOW`], or a
     /// record larger than that with the rest of the sector it ends in.
     pub held_at_once: u64,
+    /// The first entry of a torn tail cut off (the log then holds the entries before it).
+    pub cut_at: Option<u64>,
+}
+
+/// Where a torn tail begins in a segment: its first entry, and the bytes to zero (`from` is
+/// the segment's new head; nothing to zero when `to <= from`).
+#[derive(Debug, Clone, Copy)]
+struct Cut {
+    index: u64,
+    from: u64,
+    to: u64,
 }
 
 /// What reading one segment found.
 struct ReadSegment {
     segment: Segment,
-    zeroed: u64,
-    ended_early: bool,
+    /// A torn tail in this segment: the log ends here, later segments go.
+    cut: Option<Cut>,
     held_at_once: u64,
 }
 
@@ -373,6 +387,14 @@ fn sync_dir(dir: &Path) -> Result<(), LogFileError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
 }
 
+/// Removes the segment file at `path` from `dir` durably: the directory is synced before this
+/// returns, so no later step (zeroing a tail, creating a segment of the same name, removing the
+/// next segment) can reach the disk while a power cut could still bring the file back.
+fn remove_segment(dir: &Path, path: &Path) -> Result<(), LogFileError> {
+    crate::file_removal::remove(path).map_err(io_error(path))?;
+    sync_dir(dir)
+}
+
 /// Allocates `len` bytes of `file` for real (not a sparse file: writing into a hole allocates
 /// blocks, and the fsync that follows commits that to the journal). Falls back to a sparse
 /// file where the filesystem cannot allocate ahead.
@@ -445,6 +467,39 @@ fn write_zeros(
     Ok(())
 }
 
+/// The first whole record (its checksum matching) at or after `from` in `window`'s file whose
+/// entry lies in `lowest..=highest`, looked for at every 16th byte: its offset and index.
+fn find_whole_record(window: &mut Window, from: u64, lowest: u64, highest: u64) -> io::Result<Option<(u64, u64)>> {
+    if lowest > highest {
+        return Ok(None);
+    }
+    let mut at = padded(from);
+    while at + HEADER as u64 <= window.written.min(window.capacity) {
+        let header = window.bytes(at, at + HEADER as u64)?;
+        if !is_zeros(header) {
+            let (len, crc, index) = decode_header(header);
+            let end = at + HEADER as u64 + len;
+            if (lowest..=highest).contains(&index) && end <= window.capacity {
+                let payload = window.bytes(at + HEADER as u64, end)?;
+                if checksum(index, payload) == crc {
+                    return Ok(Some((at, index)));
+                }
+            }
+        }
+        at += ALIGN;
+    }
+    Ok(None)
+}
+
+/// Why a torn-looking record is damage: a whole record of a committed entry follows it.
+fn flushed_after_torn(torn: u64, whole: u64, committed: u64, first: u64) -> String {
+    format!(
+        "entry {torn} does not read back whole and looks torn by a crash, but the record of entry {whole} \
+         after it (in the segment of entry {first}) is whole, and this node had committed the entries up to \
+         {committed}: it flushes in order and commits only what it has flushed, so entry {torn} was flushed too"
+    )
+}
+
 impl LogFiles {
     /// Opens the log in `dir` (created if missing), repairing an unfinished write at its end;
     /// damage anywhere else fails the open.
@@ -453,60 +508,120 @@ impl LogFiles {
     }
 
     /// Opens the log as [`LogFiles::open`] does, for a node that had committed the entries up to
-    /// `committed` (0 for none): it had flushed them, so a repair that would cut the log at or
-    /// below that entry is damage, and fails the open.
+    /// `committed` (0 for none).
+    ///
+    /// A power cut loses what was written and not yet fsynced: of the records after the last
+    /// fsync, each 512-byte sector holds what was written or what was there before (zeros: a
+    /// segment is allocated or written with zeros before its first record, and what a
+    /// truncation or a repair removes is zeroed and synced), in any mix, across segments too (an
+    /// append may fill one segment and start the next, created durably beforehand). So the
+    /// log's tail may end in a record with a sector of zeros, a header of zeros with written
+    /// sectors after it, nothing at all, or, where the append went on into the next segment,
+    /// a segment that starts after entries its predecessor never got. Each is cut off as a torn
+    /// tail, whatever the committed index says; the caller lowers the committed index to what
+    /// the log still holds ([`Recovery::cut_at`]).
+    ///
+    /// The node commits only entries it has flushed, and flushes in order, so a whole record of
+    /// an entry it had committed lying after the torn spot proves the torn record was flushed
+    /// too: that is damage, and fails the open, as does a record whose checksum fails with every
+    /// sector written, an index out of order, or a segment missing after a full one.
     pub fn open_holding(dir: &Path, committed: u64) -> Result<(LogFiles, Recovery), LogFileError> {
         std::fs::create_dir_all(dir).map_err(io_error(dir))?;
         let mut names: Vec<(u64, PathBuf)> = Vec::new();
+        let mut removed_temporary = false;
         for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
             let path = entry.map_err(io_error(dir))?.path();
             let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
             if name.ends_with(".tmp") {
                 // A segment whose creation did not finish: it never held a record.
                 std::fs::remove_file(&path).map_err(io_error(&path))?;
+                removed_temporary = true;
                 continue;
             }
             let Some(first) = name.strip_suffix(SUFFIX).and_then(|n| n.parse::<u64>().ok()) else { continue };
             names.push((first, path));
         }
+        if removed_temporary {
+            sync_dir(dir)?;
+        }
         names.sort();
         let mut log = LogFiles { dir: dir.to_path_buf(), segments: Vec::new(), purged: None, spare: None };
         let mut recovery = Recovery::default();
-        let mut cut = false;
-        for (first, path) in names {
-            if cut {
-                std::fs::remove_file(&path).map_err(io_error(&path))?;
-                recovery.deleted_segments += 1;
-                continue;
-            }
+        let mut cut = None;
+        let mut read_up_to = 0;
+        for (first, path) in &names {
             if let Some(previous) = log.segments.last() {
-                if previous.next_index() != first {
-                    return Err(LogFileError::Damaged {
-                        path: path.display().to_string(),
-                        offset: 0,
-                        detail: format!(
-                            "the segment starts at entry {first}, but the one before it ends before entry {}",
-                            previous.next_index()
-                        ),
-                    });
+                if previous.next_index() != *first {
+                    // The previous segment had room for what is missing only if it is not full.
+                    let full = previous.head + HEADER as u64 > previous.capacity;
+                    if full || *first < previous.next_index() {
+                        return Err(LogFileError::Damaged {
+                            path: path.display().to_string(),
+                            offset: 0,
+                            detail: format!(
+                                "the segment starts at entry {first}, but the one before it ends before entry {}",
+                                previous.next_index()
+                            ),
+                        });
+                    }
+                    cut = Some(Cut { index: previous.next_index(), from: previous.head, to: previous.head });
+                    break;
                 }
             }
-            let read = Self::read_segment(first, &path, committed)?;
-            recovery.zeroed_bytes += read.zeroed;
+            let read = Self::read_segment(*first, path, committed)?;
             recovery.held_at_once = recovery.held_at_once.max(read.held_at_once);
-            cut = read.ended_early;
             log.segments.push(read.segment);
+            read_up_to += 1;
+            if read.cut.is_some() {
+                cut = read.cut;
+                break;
+            }
         }
-        if recovery.deleted_segments > 0 {
-            sync_dir(dir)?;
+        let Some(cut) = cut else { return Ok((log, recovery)) };
+        let later = &names[read_up_to..];
+        // A whole record of a committed entry in a later segment proves the cut one flushed.
+        for (first, path) in later.iter().filter(|(first, _)| *first <= committed) {
+            let file = File::open(path).map_err(io_error(path))?;
+            let capacity = file.metadata().map_err(io_error(path))?.len();
+            let written = written_end(&file, capacity).map_err(io_error(path))?;
+            let mut window = Window::new(&file, written, capacity);
+            let found = find_whole_record(&mut window, 0, cut.index, committed).map_err(io_error(path))?;
+            if let Some((_, index)) = found {
+                let segment = log.segments.last().expect("a cut lies in a segment");
+                return Err(LogFileError::Damaged {
+                    path: segment.file.path.display().to_string(),
+                    offset: cut.from,
+                    detail: flushed_after_torn(cut.index, index, committed, *first),
+                });
+            }
         }
+        // Later segments go before the tail is zeroed, the last first, each durably: whatever
+        // a power cut interrupts, what is left is a log with a torn tail (or none).
+        for (_, path) in later.iter().rev() {
+            remove_segment(dir, path)?;
+            recovery.deleted_segments += 1;
+        }
+        let segment = log.segments.last().expect("a cut lies in a segment");
+        if cut.to > cut.from {
+            zero(&segment.file, cut.from, cut.to)?;
+            segment.file.sync()?;
+            recovery.zeroed_bytes = cut.to - cut.from;
+        }
+        tracing::warn!(
+            path = %segment.file.path.display(),
+            at = cut.from,
+            entry = cut.index,
+            zeroed = recovery.zeroed_bytes,
+            deleted_segments = recovery.deleted_segments,
+            "cut off the torn tail of the Raft log (a write a crash left unfinished)"
+        );
+        recovery.cut_at = Some(cut.index);
         Ok((log, recovery))
     }
 
-    /// Reads one segment's records; zeroes what follows its last whole record. Returns the
-    /// segment, the bytes zeroed, whether its records ended before a torn write (so later
-    /// segments hold nothing that was acknowledged), and the most bytes of the file it held at
-    /// once.
+    /// Reads one segment's records, up to a torn tail if there is one ([`Cut`]); repairs nothing.
+    /// Returns the segment (its head at the cut), the cut, and the most bytes of the file it
+    /// held at once.
     fn read_segment(first: u64, path: &Path, committed: u64) -> Result<ReadSegment, LogFileError> {
         let file = OpenOptions::new().read(true).write(true).open(path).map_err(io_error(path))?;
         let capacity = file.metadata().map_err(io_error(path))?.len();
@@ -517,7 +632,8 @@ impl LogFiles {
             |offset: u64, detail: String| LogFileError::Damaged { path: path.display().to_string(), offset, detail };
         let mut offsets = Vec::new();
         let mut at = 0u64;
-        let mut torn = false;
+        // Where the records after a torn one may start.
+        let mut torn_end = None;
         while at + HEADER as u64 <= capacity {
             let header = window.bytes(at, at + HEADER as u64).map_err(io_error(path))?;
             if is_zeros(header) {
@@ -538,16 +654,7 @@ impl LogFiles {
             let payload = &record[HEADER..(end - at) as usize];
             if checksum(index, payload) != crc {
                 if has_unwritten_sector(record, at, end) {
-                    if index <= committed {
-                        return Err(damaged(
-                            at,
-                            format!(
-                                "the checksum of entry {index} does not match and part of it is zeros, but this \
-                                 node had committed the entries up to {committed}, so it had flushed it whole"
-                            ),
-                        ));
-                    }
-                    torn = true;
+                    torn_end = Some(padded(end));
                     break;
                 }
                 return Err(damaged(at, format!("the checksum of entry {index} does not match")));
@@ -556,33 +663,25 @@ impl LogFiles {
             at = padded(end);
         }
         let head = at.min(capacity);
-        let leftover = window.last_nonzero_from(head).map_err(io_error(path))?.map(|last| last + 1);
-        let held_at_once = window.largest;
         let next = first + offsets.len() as u64;
-        if leftover.is_some() && !torn && next <= committed {
-            return Err(damaged(
-                head,
-                format!(
-                    "entry {next} is zeros with data after it, but this node had committed the entries up to \
-                     {committed}, so it had flushed it"
-                ),
-            ));
+        let leftover = window.last_nonzero_from(head).map_err(io_error(path))?.map(|last| last + 1);
+        let cut = (torn_end.is_some() || leftover.is_some()).then(|| Cut {
+            index: next,
+            from: head,
+            to: leftover.unwrap_or(head),
+        });
+        if cut.is_some() {
+            // After a header of zeros the next record may start anywhere: every 16th byte is
+            // looked at.
+            let from = torn_end.unwrap_or(head + HEADER as u64);
+            if let Some((_, index)) = find_whole_record(&mut window, from, next, committed).map_err(io_error(path))? {
+                return Err(damaged(head, flushed_after_torn(next, index, committed, first)));
+            }
         }
+        let held_at_once = window.largest;
         let file = Arc::new(SegmentFile { path: path.to_path_buf(), file });
-        let mut zeroed = 0;
-        if let Some(end) = leftover {
-            zero(&file, head, end)?;
-            file.sync()?;
-            zeroed = end - head;
-            tracing::warn!(
-                path = %path.display(),
-                at = head,
-                bytes = zeroed,
-                "zeroed an unfinished write after the last whole record of the Raft log"
-            );
-        }
         let segment = Segment { first, file, offsets, head, capacity };
-        Ok(ReadSegment { segment, zeroed, ended_early: torn || leftover.is_some(), held_at_once })
+        Ok(ReadSegment { segment, cut, held_at_once })
     }
 
     /// The index of the first record held and not purged, if any.
@@ -595,6 +694,21 @@ impl LogFiles {
     /// The index of the last record held, if any.
     pub fn last_index(&self) -> Option<u64> {
         self.segments.iter().rev().find_map(Segment::last_index)
+    }
+
+    /// The file and offset of record `index`, for tests that damage it.
+    #[cfg(test)]
+    pub(crate) fn record_at(&self, index: u64) -> Option<(PathBuf, u64)> {
+        let segment = self.segments.iter().rev().find(|s| s.first <= index)?;
+        let offset = *segment.offsets.get((index - segment.first) as usize)?;
+        Some((segment.file.path.clone(), offset))
+    }
+
+    /// Whether the last segment has room for another record's header after its last record: an
+    /// append lost whole in a power cut leaves the log ending there; entries missing after a
+    /// full segment were in a segment file that is gone.
+    pub fn ends_with_room(&self) -> bool {
+        self.segments.last().is_some_and(|s| s.head + HEADER as u64 <= s.capacity)
     }
 
     /// The index the next append must have, if the log holds or expects any.
@@ -1137,10 +1251,11 @@ mod tests {
         assert!(recovery.zeroed_bytes > 0, "{recovery:?}");
     }
 
-    /// A node commits only what it has flushed, so a record that looks torn at an entry it had
-    /// committed was damaged after it was written: the log is not cut there.
+    /// A node commits only what it has flushed, and flushes in order, so a record that looks
+    /// torn with a whole record of a committed entry after it was damaged after it was flushed:
+    /// the log is not cut there.
     #[test]
-    fn a_torn_looking_record_the_node_had_committed_is_damage() {
+    fn a_torn_looking_record_with_a_committed_entry_whole_after_it_is_damage() {
         let dir = tempfile::tempdir().unwrap();
         let (path, offset, end) = six_records_the_fourth_large(dir.path());
         let first_whole_sector = (offset / 512 + 1) * 512;
@@ -1148,22 +1263,105 @@ mod tests {
         let error = LogFiles::open_holding(dir.path(), 5).err().expect("damage fails the open");
         assert!(
             matches!(&error, LogFileError::Damaged { offset: at, .. } if *at == offset)
-                && error.to_string().contains("entry 4")
+                && error.to_string().contains("entry 4 does not read back whole")
+                && error.to_string().contains("the record of entry 5 after it")
                 && error.to_string().contains("committed the entries up to 5"),
             "{error}"
         );
-        // A header zeroed with records after it, below the committed entry, is damage too.
+        // A header zeroed with a committed record after it is damage too.
         let mut header = [0u8; HEADER];
         File::open(&path).unwrap().read_exact_at(&mut header, offset).unwrap();
         write_at(&path, offset, &[0u8; HEADER]);
-        let error = LogFiles::open_holding(dir.path(), 4).err().expect("damage fails the open");
-        assert!(error.to_string().contains("entry 4 is zeros with data after it"), "{error}");
-        // Nothing was repaired meanwhile: the same damage, with entry 4 not known to be
+        let error = LogFiles::open_holding(dir.path(), 6).err().expect("damage fails the open");
+        assert!(error.to_string().contains("the record of entry 5 after it"), "{error}");
+        // Nothing was repaired meanwhile: the same damage, with no entry after it known to be
         // committed, is a torn write and is cut there.
         write_at(&path, offset, &header);
-        let (log, recovery) = LogFiles::open_holding(dir.path(), 3).unwrap();
+        let (log, recovery) = LogFiles::open_holding(dir.path(), 4).unwrap();
         assert_eq!(log.last_index(), Some(3), "cut before the torn record");
+        assert_eq!(recovery.cut_at, Some(4));
         assert!(recovery.zeroed_bytes > 0 && end > offset, "{recovery:?}");
+    }
+
+    /// Entries 1 to 5 flushed, then 6 to 8 written by one append a power cut interrupted (entry
+    /// 7 spanning several sectors): the segment's path and where entries 6, 7 and 8 start and
+    /// the last ends.
+    fn an_append_cut_by_a_power_cut(dir: &Path) -> (PathBuf, [u64; 4]) {
+        let (mut log, _) = LogFiles::open(dir).unwrap();
+        append(&mut log, 1..=5);
+        let large = vec![7u8; 3000];
+        let unsynced = log.append([(6, &payload(6)[..]), (7, &large[..]), (8, &payload(8)[..])]).unwrap();
+        drop(unsynced);
+        let segment = &log.segments[0];
+        let at = [segment.offsets[5], segment.offsets[6], segment.offsets[7], segment.head];
+        (segment_paths(dir)[0].clone(), at)
+    }
+
+    /// What a power cut leaves of an append that was written and not fsynced, each sector
+    /// written or not: a record with a sector of zeros, a header of zeros with written sectors
+    /// after it, or nothing. Each is a torn tail, cut off even when the node's committed index
+    /// (8 here) covers it: the node reports an entry flushed only after its fsync, so none of
+    /// these were; the caller lowers the committed index.
+    #[test]
+    fn a_tail_torn_by_a_power_cut_is_cut_off_below_the_committed_index_too() {
+        let zero = |path: &Path, from: u64, to: u64| write_at(path, from, &vec![0u8; (to - from) as usize]);
+        // Entry 7 torn (its second sector never written), entry 8 not written.
+        let dir = tempfile::tempdir().unwrap();
+        let (path, [_, seventh, eighth, head]) = an_append_cut_by_a_power_cut(dir.path());
+        let second_sector = (seventh / 512 + 1) * 512;
+        zero(&path, second_sector, second_sector + 512);
+        zero(&path, eighth, head);
+        let (log, recovery) = LogFiles::open_holding(dir.path(), 8).expect("a torn tail is repaired");
+        assert_eq!((log.last_index(), recovery.cut_at), (Some(6), Some(7)), "{recovery:?}");
+        assert!(recovery.zeroed_bytes > 0, "{recovery:?}");
+        drop(log);
+        let (mut log, recovery) = LogFiles::open_holding(dir.path(), 6).unwrap();
+        assert_eq!(
+            recovery,
+            Recovery { held_at_once: recovery.held_at_once, ..Recovery::default() },
+            "repaired for good"
+        );
+        log.append([(7, &b"seven"[..])]).unwrap()[0].sync().unwrap();
+        assert_eq!(log.read(7).unwrap(), Some(b"seven".to_vec()));
+        // Entry 6's header never written, entry 7 torn, entry 8 not written.
+        let dir = tempfile::tempdir().unwrap();
+        let (path, [sixth, seventh, eighth, head]) = an_append_cut_by_a_power_cut(dir.path());
+        zero(&path, sixth, sixth + HEADER as u64);
+        let second_sector = (seventh / 512 + 1) * 512;
+        zero(&path, second_sector, second_sector + 512);
+        zero(&path, eighth, head);
+        let (log, recovery) = LogFiles::open_holding(dir.path(), 8).expect("a torn tail is repaired");
+        assert_eq!((log.last_index(), recovery.cut_at), (Some(5), Some(6)), "{recovery:?}");
+        // Nothing of the append written: the log ends at entry 5 with room after it.
+        let dir = tempfile::tempdir().unwrap();
+        let (path, [sixth, _, _, head]) = an_append_cut_by_a_power_cut(dir.path());
+        zero(&path, sixth, head);
+        let (log, recovery) = LogFiles::open_holding(dir.path(), 8).unwrap();
+        assert_eq!((log.last_index(), recovery.cut_at), (Some(5), None), "{recovery:?}");
+        assert!(log.ends_with_room());
+    }
+
+    /// An append that filled the last segment and went on into a new one (created durably before
+    /// the append) may lose its start in the first and keep its end in the second: a torn tail,
+    /// cut off with the new segment, not a gap between segments.
+    #[test]
+    fn an_append_that_lost_its_start_in_one_segment_and_kept_its_end_in_the_next_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = LogFiles::open(dir.path()).unwrap();
+        append(&mut log, 1..=1);
+        let big = vec![5u8; SEGMENT_BYTES as usize];
+        let unsynced = log.append([(2, &payload(2)[..]), (3, &big[..])]).unwrap();
+        assert_eq!(unsynced.len(), 2, "the append went on into a new segment");
+        let (path, second, head) =
+            (segment_paths(dir.path())[0].clone(), log.segments[0].offsets[1], log.segments[0].head);
+        drop((log, unsynced));
+        write_at(&path, second, &vec![0u8; (head - second) as usize]);
+        // Entry 3 known committed: it was flushed, and entry 2 with it.
+        let error = LogFiles::open_holding(dir.path(), 3).err().expect("a committed entry after the gap");
+        assert!(error.to_string().contains("the record of entry 3 after it"), "{error}");
+        let (log, recovery) = LogFiles::open_holding(dir.path(), 1).expect("a torn tail is repaired");
+        assert_eq!((log.last_index(), recovery.cut_at, recovery.deleted_segments), (Some(1), Some(2), 1));
+        assert_eq!(segment_paths(dir.path()).len(), 1);
     }
 
     #[test]

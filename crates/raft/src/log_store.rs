@@ -300,15 +300,24 @@ impl LogStore {
                 detail: "the directory is missing".into(),
             });
         }
-        // A node commits only entries it has flushed: a repair must not cut below them, and the
-        // log must hold those its tables do not.
-        let committed_index = committed_in(&db).map_err(&state_error)?;
-        let mut files = open_files(&db, dir, committed_index)?;
+        // A node commits only entries it has flushed: a record torn below the committed index
+        // with a committed entry whole after it is damage, a torn tail is cut (the committed
+        // index then lowered to what the log holds), and the log must hold the committed entries
+        // its tables do not.
+        let mut committed_index = committed_in(&db).map_err(&state_error)?;
+        let (mut files, cut_at) = open_files(&db, dir, committed_index)?;
+        let last_purged: Option<LogId> = read_meta(&db, LAST_PURGED).map_err(&state_error)?;
+        let held_up_to = files.last_index().max(last_purged.map(|id| id.index)).unwrap_or(0);
+        // Entries above the committed index missing at the log's end, with a torn tail cut off
+        // or room for them in the last segment, were an append a power cut lost; missing after
+        // a full segment, a segment file was lost, and `check_holds_unapplied` refuses the log.
+        if committed_index > held_up_to && (cut_at.is_some() || files.ends_with_room()) {
+            committed_index = lower_committed(&db, &files, dir, committed_index)?;
+        }
         if !kept_in_files {
             db.put_cf_opt(cf(&db, RAFT_META_CF), LOG_IN_FILES, encode(&true).expect("a bool encodes"), &synced())
                 .map_err(|source| crate::OpenError::Db { path: dir.display().to_string(), source })?;
         }
-        let last_purged: Option<LogId> = read_meta(&db, LAST_PURGED).map_err(&state_error)?;
         if let Some(purged) = last_purged {
             // Also deletes segments a purge that a crash interrupted left behind.
             files.purge(purged.index).map_err(crate::OpenError::Log)?;
@@ -420,9 +429,10 @@ fn committed_in(db: &DB) -> Result<u64, RaftStorageError> {
 }
 
 /// Opens the log's files in `dir`, moving into them the log an earlier version kept in RocksDB
-/// (deleted from there once the files hold it durably); a repair of an unfinished write may not
-/// cut the log at or below `committed`.
-fn open_files(db: &DB, dir: &Path, committed: u64) -> Result<LogFiles, crate::OpenError> {
+/// (deleted from there once the files hold it durably), for a node that had committed the
+/// entries up to `committed` ([`LogFiles::open_holding`]); with the first entry of the torn tail
+/// that opening cut off, if it cut one.
+fn open_files(db: &DB, dir: &Path, committed: u64) -> Result<(LogFiles, Option<u64>), crate::OpenError> {
     let legacy = db.cf_handle(LEGACY_LOG_CF);
     let legacy_entries = legacy.is_some_and(|log| db.iterator_cf(log, IteratorMode::Start).next().is_some());
     if let (Some(log), true, false) = (legacy, legacy_entries, dir.exists()) {
@@ -463,7 +473,46 @@ fn open_files(db: &DB, dir: &Path, committed: u64) -> Result<LogFiles, crate::Op
             "deleted Raft log segments after an unfinished write (entries never acknowledged)"
         );
     }
-    Ok(files)
+    Ok((files, recovery.cut_at))
+}
+
+/// Lowers the committed log id kept in `raft_meta` (synced) to the last entry the log holds
+/// (or the last purged one), the log lacking committed entries after a power cut (its torn tail
+/// cut off, or an append lost whole); returns its index.
+///
+/// The entries missing were never flushed (a crash tears only what was not; [`LogFiles::open_holding`]
+/// refuses a torn record with a committed entry flushed after it), and this node tells a leader
+/// it holds an entry only once it has flushed it: a follower's append returns to openraft only
+/// after the fsync thread has synced it (`append_to_log` in `crates/openraft` waits for the
+/// [`LogFlushed`] callback, which [`flush_loop`] calls after `fdatasync`), and openraft answers
+/// the leader after that; a leader counts itself towards a quorum only for what it has flushed
+/// (`crates/openraft`'s README). So this node was not counted in the quorum of any entry cut:
+/// each is on a quorum of the other nodes, and this node receives it again from the leader.
+fn lower_committed(db: &DB, files: &LogFiles, dir: &Path, committed: u64) -> Result<u64, crate::OpenError> {
+    let state_error = state_error(dir);
+    let last_held: Option<LogId> = match files.last_index() {
+        Some(last) => {
+            let bytes = files.read(last).map_err(crate::OpenError::Log)?;
+            let entry: Option<LogEntry> = bytes
+                .map(|bytes| decode(&bytes))
+                .transpose()
+                .map_err(|e| state_error(StorageIOError::read_log_at_index(last, &e).into()))?;
+            entry.map(|entry| entry.log_id)
+        }
+        None => None,
+    };
+    let last_purged: Option<LogId> = read_meta(db, LAST_PURGED).map_err(&state_error)?;
+    let lowered = last_held.max(last_purged);
+    let bytes = encode(&lowered).map_err(|e| state_error(StorageIOError::write(&e).into()))?;
+    db.put_cf_opt(cf(db, RAFT_META_CF), COMMITTED, bytes, &synced())
+        .map_err(|source| crate::OpenError::Db { path: dir.display().to_string(), source })?;
+    let index = lowered.map_or(0, |id| id.index);
+    tracing::warn!(
+        committed,
+        lowered = index,
+        "lowered the committed index to the last entry the Raft log holds after cutting its torn tail"
+    );
+    Ok(index)
 }
 
 /// How long the log's fsync under way has been running, if one is. A leader sends its entries
@@ -774,6 +823,63 @@ mod tests {
                 .contains("lost entries: it holds no entry, but it held entries 3 to 12 when this node stopped"),
             "{error}"
         );
+    }
+
+    /// A data directory (vote of term 1, committed up to entry 8) whose log got entries 1 to 8 of
+    /// term 1 and lost what `lose` does to them in a power cut.
+    fn committed_past_a_power_cut(lose: impl FnOnce(&LogFiles)) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        drop(open_storage(dir.path()).unwrap());
+        let db = crate::db::open(&dir.path().join("db"), &Default::default()).unwrap();
+        let meta = cf(&db, RAFT_META_CF);
+        db.put_cf_opt(meta, VOTE, encode(&Vote::new_committed(1, 1)).unwrap(), &synced()).unwrap();
+        let committed = Some(LogId::new(CommittedLeaderId::new(1, 1), 8));
+        db.put_cf_opt(meta, COMMITTED, encode(&committed).unwrap(), &synced()).unwrap();
+        drop(db);
+        let (mut files, _) = LogFiles::open(&dir.path().join("log")).unwrap();
+        let encoded: Vec<Vec<u8>> = (1..=8).map(|index| encode(&entry(1, index)).unwrap()).collect();
+        files.append((1..=8).zip(encoded.iter().map(Vec::as_slice))).unwrap()[0].sync().unwrap();
+        lose(&files);
+        dir
+    }
+
+    /// Zeroes the log from record `index` on (8 KiB: the records after it are small).
+    fn zero_from(files: &LogFiles, index: u64) {
+        use std::os::unix::fs::FileExt;
+        let (path, offset) = files.record_at(index).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        file.write_all_at(&vec![0u8; 8192], offset).unwrap();
+    }
+
+    /// Opening a log cut by a power cut below the committed index kept in RocksDB (torn, or an
+    /// append lost whole inside the last segment) lowers that index to the last entry the log
+    /// holds, and the storage opens: the entries lost were never flushed, so never reported to
+    /// a leader, and are on a quorum of the other nodes.
+    #[tokio::test]
+    async fn a_committed_index_past_what_a_power_cut_left_of_the_log_is_lowered_to_it() {
+        use std::os::unix::fs::FileExt;
+        let torn = committed_past_a_power_cut(|files| {
+            zero_from(files, 7);
+            // A later sector of the unfinished write reached the disk.
+            let (path, offset) = files.record_at(7).unwrap();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .unwrap()
+                .write_all_at(&[9u8; 512], offset + 4096)
+                .unwrap();
+        });
+        let lost_whole = committed_past_a_power_cut(|files| zero_from(files, 7));
+        for dir in [torn, lost_whole] {
+            let mut node = open_storage(dir.path()).expect("a power cut's state opens");
+            let committed = node.log.read_committed().await.unwrap();
+            assert_eq!(committed.map(|id| (id.leader_id.term, id.index)), Some((1, 6)));
+            let state = node.log.get_log_state().await.unwrap();
+            assert_eq!(state.last_log_id.map(|id| id.index), Some(6));
+            drop(node);
+            let mut node = open_storage(dir.path()).expect("opens again");
+            assert_eq!(node.log.read_committed().await.unwrap().map(|id| id.index), Some(6), "lowered durably");
+        }
     }
 
     #[test]
