@@ -525,6 +525,10 @@ impl LogFiles {
     /// an entry it had committed lying after the torn spot proves the torn record was flushed
     /// too: that is damage, and fails the open, as does a record whose checksum fails with every
     /// sector written, an index out of order, or a segment missing after a full one.
+    ///
+    /// Every segment kept is synced before this returns: records a process that stopped left
+    /// in the page cache, not yet on disk, are on disk once the log is open, so every entry it
+    /// holds counts as flushed.
     pub fn open_holding(dir: &Path, committed: u64) -> Result<(LogFiles, Recovery), LogFileError> {
         std::fs::create_dir_all(dir).map_err(io_error(dir))?;
         let mut names: Vec<(u64, PathBuf)> = Vec::new();
@@ -577,7 +581,10 @@ impl LogFiles {
                 break;
             }
         }
-        let Some(cut) = cut else { return Ok((log, recovery)) };
+        let Some(cut) = cut else {
+            log.sync_all()?;
+            return Ok((log, recovery));
+        };
         let later = &names[read_up_to..];
         // A whole record of a committed entry in a later segment proves the cut one flushed.
         for (first, path) in later.iter().filter(|(first, _)| *first <= committed) {
@@ -616,6 +623,7 @@ impl LogFiles {
             "cut off the torn tail of the Raft log (a write a crash left unfinished)"
         );
         recovery.cut_at = Some(cut.index);
+        log.sync_all()?;
         Ok((log, recovery))
     }
 

@@ -253,6 +253,19 @@ impl RaftLogReader<TypeConfig> for LogReader {
 struct PendingFlush {
     callback: LogFlushed<TypeConfig>,
     files: Vec<Arc<SegmentFile>>,
+    /// The last entry appended, and the [`Flushed::truncations`] it was appended after.
+    last: Option<LogId>,
+    truncations: u64,
+}
+
+/// The last entry of the log known to be on disk (flushed), which a committed index saved is
+/// never past ([`LogStore::save_committed`]).
+#[derive(Debug, Default)]
+struct Flushed {
+    last: Option<LogId>,
+    /// Truncations so far: a flush of entries appended before the last one does not raise
+    /// `last` (the entries it names may be gone, replaced by others not flushed yet).
+    truncations: u64,
 }
 
 /// The Raft log store. Owned by openraft.
@@ -266,6 +279,7 @@ pub struct LogStore {
     committed: Arc<AtomicU64>,
     log_bytes: Arc<LogBytes>,
     applied_on_disk: Arc<AppliedOnDisk>,
+    flushed: Arc<Mutex<Flushed>>,
 }
 
 impl Drop for LogStore {
@@ -326,12 +340,24 @@ impl LogStore {
         check_holds_stopped(&db, &files, dir)?;
         let reader = LogReader { db, files: Arc::new(RwLock::new(files)), recent: Arc::default() };
         check_vote_covers_log(&reader, dir)?;
+        // Opening synced every segment it kept: the whole log is on disk.
+        let flushed = Flushed { last: reader.last_log_id().map_err(&state_error)?, truncations: 0 };
+        let flushed = Arc::new(Mutex::new(flushed));
         let (flushes, pending) = mpsc::channel();
+        let reported = flushed.clone();
         let flusher = std::thread::Builder::new()
             .name("raft-log-fsync".into())
-            .spawn(move || flush_loop(&pending, &metrics, &fsync))
+            .spawn(move || flush_loop(&pending, &metrics, &fsync, &reported))
             .map_err(|source| crate::OpenError::Io { path: dir.display().to_string(), source })?;
-        Ok(LogStore { reader, flushes: Some(flushes), flusher: Some(flusher), committed, log_bytes, applied_on_disk })
+        Ok(LogStore {
+            reader,
+            flushes: Some(flushes),
+            flusher: Some(flusher),
+            committed,
+            log_bytes,
+            applied_on_disk,
+            flushed,
+        })
     }
 
     /// A reader of this log, for the node (the elector reads the last log id).
@@ -554,7 +580,12 @@ impl FsyncWatch {
 
 /// Waits for appends, fsyncs the files they wrote to once for all that are waiting, then reports
 /// them in order.
-fn flush_loop(pending: &mpsc::Receiver<PendingFlush>, metrics: &StorageMetrics, watch: &FsyncWatch) {
+fn flush_loop(
+    pending: &mpsc::Receiver<PendingFlush>,
+    metrics: &StorageMetrics,
+    watch: &FsyncWatch,
+    flushed: &Mutex<Flushed>,
+) {
     while let Ok(first) = pending.recv() {
         let mut waiting = vec![first];
         waiting.extend(pending.try_iter());
@@ -569,6 +600,13 @@ fn flush_loop(pending: &mpsc::Receiver<PendingFlush>, metrics: &StorageMetrics, 
         let result = files.iter().try_for_each(|file| file.sync()).map_err(|e| e.to_string());
         watch.end();
         metrics.wal_fsync_seconds.observe(started.elapsed().as_secs_f64());
+        if result.is_ok() {
+            // Recorded before openraft hears of it, so before it can commit these entries.
+            let mut flushed = flushed.lock().unwrap();
+            let current = flushed.truncations;
+            let last = waiting.iter().filter(|flush| flush.truncations == current).filter_map(|flush| flush.last).max();
+            flushed.last = flushed.last.max(last);
+        }
         for flush in waiting {
             flush.callback.log_io_completed(result.clone().map_err(io::Error::other));
         }
@@ -608,6 +646,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), RaftStorageError> {
+        // Never past the last entry flushed, so that after a power cut the committed index kept
+        // does not exceed what the log holds durably. openraft commits only flushed entries
+        // already (a follower commits after its append has returned, and the append returns
+        // only once flushed; a leader commits only what it has flushed itself, `crates/openraft`'s
+        // README); this holds it whatever openraft asks.
+        let flushed = self.flushed.lock().unwrap().last;
+        let committed = match (committed, flushed) {
+            (Some(committed), Some(flushed)) if committed.index > flushed.index => {
+                tracing::warn!(%committed, %flushed, "saving the committed index no further than the log is flushed");
+                Some(flushed)
+            }
+            (Some(committed), None) => {
+                tracing::warn!(%committed, "saving no committed index: no entry of the log is flushed");
+                None
+            }
+            (committed, _) => committed,
+        };
         // Not synced: a committed index that is lost in a crash is learned again from the leader.
         self.put_meta(COMMITTED, &committed, false)?;
         self.committed.store(committed.map_or(0, |id| id.index), Ordering::Release);
@@ -632,6 +687,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             self.log_bytes.add(bytes.len() as u64);
             written.push((entry, bytes));
         }
+        let last = written.last().map(|(entry, _)| entry.log_id);
         // Written (and so readable) now; on disk once the flusher's fsync returns.
         let files = self
             .reader
@@ -645,7 +701,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             recent.push(entry, bytes.len());
         }
         drop(recent);
-        let sent = self.flushes.as_ref().is_some_and(|flushes| flushes.send(PendingFlush { callback, files }).is_ok());
+        let truncations = self.flushed.lock().unwrap().truncations;
+        let pending = PendingFlush { callback, files, last, truncations };
+        let sent = self.flushes.as_ref().is_some_and(|flushes| flushes.send(pending).is_ok());
         if !sent {
             return Err(StorageIOError::write_logs(AnyError::error("the log fsync thread has stopped")).into());
         }
@@ -653,6 +711,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
+        // The last entry flushed, if it goes, becomes the one before the truncation (flushed
+        // before it); flushes under way no longer count.
+        let before = match log_id.index.checked_sub(1) {
+            Some(index) => self.reader.try_get_log_entries(index..=index).await?.pop().map(|entry| entry.log_id),
+            None => None,
+        };
+        {
+            let mut flushed = self.flushed.lock().unwrap();
+            flushed.truncations += 1;
+            if flushed.last.is_some_and(|last| last.index >= log_id.index) {
+                let purged: Option<LogId> = self.reader.meta(LAST_PURGED)?;
+                flushed.last = before.or(purged);
+            }
+        }
         // Forgotten before they are deleted, so no read is served what the log no longer holds.
         self.reader.recent.lock().unwrap().truncate(log_id.index);
         self.reader.files.write().unwrap().truncate(log_id.index).map_err(write_error)
@@ -829,18 +901,47 @@ mod tests {
     /// term 1 and lost what `lose` does to them in a power cut.
     fn committed_past_a_power_cut(lose: impl FnOnce(&LogFiles)) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
-        drop(open_storage(dir.path()).unwrap());
-        let db = crate::db::open(&dir.path().join("db"), &Default::default()).unwrap();
+        log_of_term_one(dir.path(), 8, Some(8));
+        lose(&LogFiles::open(&dir.path().join("log")).unwrap().0);
+        dir
+    }
+
+    /// Makes `dir` a data directory with a vote of term 1, a log of entries 1 to `entries` of
+    /// term 1 (synced) and the entries up to `committed` recorded committed.
+    fn log_of_term_one(dir: &Path, entries: u64, committed: Option<u64>) {
+        drop(open_storage(dir).unwrap());
+        let db = crate::db::open(&dir.join("db"), &Default::default()).unwrap();
         let meta = cf(&db, RAFT_META_CF);
         db.put_cf_opt(meta, VOTE, encode(&Vote::new_committed(1, 1)).unwrap(), &synced()).unwrap();
-        let committed = Some(LogId::new(CommittedLeaderId::new(1, 1), 8));
+        let committed = committed.map(|index| LogId::new(CommittedLeaderId::new(1, 1), index));
         db.put_cf_opt(meta, COMMITTED, encode(&committed).unwrap(), &synced()).unwrap();
         drop(db);
-        let (mut files, _) = LogFiles::open(&dir.path().join("log")).unwrap();
-        let encoded: Vec<Vec<u8>> = (1..=8).map(|index| encode(&entry(1, index)).unwrap()).collect();
-        files.append((1..=8).zip(encoded.iter().map(Vec::as_slice))).unwrap()[0].sync().unwrap();
-        lose(&files);
-        dir
+        let (mut files, _) = LogFiles::open(&dir.join("log")).unwrap();
+        let encoded: Vec<Vec<u8>> = (1..=entries).map(|index| encode(&entry(1, index)).unwrap()).collect();
+        files.append((1..=entries).zip(encoded.iter().map(Vec::as_slice))).unwrap()[0].sync().unwrap();
+    }
+
+    /// Asked to save a committed index past the entries this node has flushed (a follower
+    /// takes the leader's against the entries it accepted, flushed only because its append
+    /// waits for the flush), the log store saves the last entry flushed instead, so a power cut
+    /// never leaves one past what the log holds durably.
+    #[tokio::test]
+    async fn the_committed_index_is_saved_no_further_than_the_log_is_flushed() {
+        let dir = tempfile::tempdir().unwrap();
+        log_of_term_one(dir.path(), 5, None);
+        let id = |index| LogId::new(CommittedLeaderId::new(1, 1), index);
+        let mut node = open_storage(dir.path()).unwrap();
+        node.log.save_committed(Some(id(8))).await.unwrap();
+        assert_eq!(node.log.read_committed().await.unwrap(), Some(id(5)), "the log is flushed up to 5");
+        node.log.save_committed(Some(id(4))).await.unwrap();
+        assert_eq!(node.log.read_committed().await.unwrap(), Some(id(4)));
+        // A truncation takes the entries it removes out of what is flushed.
+        node.log.truncate(id(4)).await.unwrap();
+        node.log.save_committed(Some(id(5))).await.unwrap();
+        assert_eq!(node.log.read_committed().await.unwrap(), Some(id(3)));
+        drop(node);
+        let mut node = open_storage(dir.path()).unwrap();
+        assert_eq!(node.log.read_committed().await.unwrap(), Some(id(3)), "as saved");
     }
 
     /// Zeroes the log from record `index` on (8 KiB: the records after it are small).
