@@ -739,6 +739,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         // The mark is on disk before any file goes: the log never has a hole below it.
         self.put_meta(LAST_PURGED, &log_id, true)?;
+        // What is purged is on disk in the tables: a committed index up to it may be saved.
+        let mut flushed = self.flushed.lock().unwrap();
+        flushed.last = flushed.last.max(Some(log_id));
+        drop(flushed);
         self.reader.recent.lock().unwrap().purge(log_id.index);
         self.reader.files.write().unwrap().purge(log_id.index).map_err(write_error)
     }
