@@ -36,6 +36,40 @@ const READER_POLL: Duration = Duration::from_millis(200);
 /// A pause between steps, so that other files' journal commits go between this file's.
 const STEP_PAUSE: Duration = Duration::from_millis(5);
 
+/// Syncs the directory `dir`, so that a name removed from it (or added to it) stays so across a
+/// power cut.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()?;
+    #[cfg(test)]
+    steps::record(format!("synced {}", dir.display()));
+    Ok(())
+}
+
+/// What this thread removed and synced, in order, for tests of the order of those steps.
+#[cfg(test)]
+pub(crate) mod steps {
+    use std::cell::RefCell;
+
+    thread_local! {
+        static STEPS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    }
+
+    pub(crate) fn record(step: String) {
+        STEPS.with(|steps| steps.borrow_mut().push(step));
+    }
+
+    /// The steps recorded since the last call.
+    pub(crate) fn take() -> Vec<String> {
+        STEPS.with(|steps| std::mem::take(&mut *steps.borrow_mut()))
+    }
+}
+
+/// Syncs the directory holding `path`.
+fn sync_parent(path: &Path) -> io::Result<()> {
+    let dir = path.parent().filter(|dir| !dir.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    sync_dir(dir)
+}
+
 /// Removes the file at `path` with the process's removal thread ([`Remover::remove`]).
 pub fn remove(path: &Path) -> io::Result<()> {
     static REMOVER: OnceLock<Remover> = OnceLock::new();
@@ -69,17 +103,28 @@ impl Remover {
         Remover { queue: Mutex::new(queue), unfinished }
     }
 
-    /// Removes the file at `path`: its name at once, its blocks [`STEP`] bytes at a time on the
-    /// thread. A missing file is not an error.
+    /// Removes the file at `path`: its name at once, durably (the directory synced before this
+    /// returns), its blocks [`STEP`] bytes at a time on the thread. A missing file is not an
+    /// error.
     pub fn remove(&self, path: &Path) -> io::Result<()> {
         let file = match OpenOptions::new().write(true).open(path) {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             // Not writable here: deleted the plain way.
-            Err(_) => return fs::remove_file(path),
+            Err(_) => {
+                fs::remove_file(path)?;
+                #[cfg(test)]
+                steps::record(format!("removed {}", path.display()));
+                return sync_parent(path);
+            }
         };
         let metadata = file.metadata()?;
         fs::remove_file(path)?;
+        #[cfg(test)]
+        steps::record(format!("removed {}", path.display()));
+        // Before the file's blocks are freed and before the caller goes on (to create a file of
+        // the same name, say): a power cut must not bring the file back after either.
+        sync_parent(path)?;
         if metadata.len() > SMALL {
             self.submit(Pending { file, device: metadata.dev(), inode: metadata.ino() });
         }
@@ -215,6 +260,26 @@ mod tests {
         remover.remove(&small).unwrap();
         assert!(!small.exists());
         assert!(remover.wait_idle(Duration::ZERO), "a small file is not handed to the thread");
+    }
+
+    /// The name is gone from the directory durably before `remove` returns: nothing done after
+    /// it (a file created under the same name, the space reused) can reach the disk while a
+    /// power cut could still bring the old file back.
+    #[test]
+    fn a_removed_file_is_gone_from_its_directory_durably_when_remove_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let remover = Remover::start();
+        for (name, len) in [("small", 4096), ("large", 2 * STEP)] {
+            let path = dir.path().join(name);
+            write_file(&path, len);
+            steps::take();
+            remover.remove(&path).unwrap();
+            assert_eq!(
+                steps::take(),
+                [format!("removed {}", path.display()), format!("synced {}", dir.path().display())],
+                "{name}"
+            );
+        }
     }
 
     #[test]

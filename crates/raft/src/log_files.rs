@@ -384,15 +384,15 @@ fn segment_name(first: u64) -> String {
 }
 
 fn sync_dir(dir: &Path) -> Result<(), LogFileError> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
+    crate::file_removal::sync_dir(dir).map_err(io_error(dir))
 }
 
-/// Removes the segment file at `path` from `dir` durably: the directory is synced before this
-/// returns, so no later step (zeroing a tail, creating a segment of the same name, removing the
-/// next segment) can reach the disk while a power cut could still bring the file back.
-fn remove_segment(dir: &Path, path: &Path) -> Result<(), LogFileError> {
-    crate::file_removal::remove(path).map_err(io_error(path))?;
-    sync_dir(dir)
+/// Removes the segment file at `path` durably: its directory is synced before this returns
+/// ([`crate::file_removal::remove`]), so no later step (zeroing a tail, creating a segment of the
+/// same name, removing the next segment) can reach the disk while a power cut could still bring
+/// the file back.
+fn remove_segment(path: &Path) -> Result<(), LogFileError> {
+    crate::file_removal::remove(path).map_err(io_error(path))
 }
 
 /// Allocates `len` bytes of `file` for real (not a sparse file: writing into a hole allocates
@@ -605,7 +605,7 @@ impl LogFiles {
         // Later segments go before the tail is zeroed, the last first, each durably: whatever
         // a power cut interrupts, what is left is a log with a torn tail (or none).
         for (_, path) in later.iter().rev() {
-            remove_segment(dir, path)?;
+            remove_segment(path)?;
             recovery.deleted_segments += 1;
         }
         let segment = log.segments.last().expect("a cut lies in a segment");
@@ -855,17 +855,19 @@ impl LogFiles {
         Ok(Some(payload))
     }
 
-    /// Removes the records from `index` on, durably (zeroed and synced, later segments deleted).
+    /// Removes the records from `index` on, durably: the segments after the one that keeps
+    /// records go first, the last first, each removed durably ([`remove_segment`]), then what
+    /// is left of the records in the last one kept is zeroed and synced. A power cut at any
+    /// point leaves a log without a gap between its segments, ending in records that are whole,
+    /// or torn where the zeros only partly reached the disk (cut off when it opens).
     pub fn truncate(&mut self, index: u64) -> Result<(), LogFileError> {
-        let mut deleted = false;
         while let Some(segment) = self.segments.last() {
             if segment.first < index || (segment.first == index && self.segments.len() == 1) {
                 break;
             }
             let path = segment.file.path.clone();
             self.segments.pop();
-            crate::file_removal::remove(&path).map_err(io_error(&path))?;
-            deleted = true;
+            remove_segment(&path)?;
         }
         if let Some(segment) = self.segments.last_mut() {
             let keep = (index.saturating_sub(segment.first) as usize).min(segment.offsets.len());
@@ -877,29 +879,23 @@ impl LogFiles {
                 segment.head = from;
             }
         }
-        if deleted {
-            sync_dir(&self.dir)?;
-        }
         Ok(())
     }
 
     /// Purges the records up to `index`: they are no longer read, and the segments that hold
-    /// nothing else are deleted. Records at or below it in a segment that also holds later ones
-    /// stay on disk until that segment goes.
+    /// nothing else are deleted, the first first, each durably ([`remove_segment`]), so a power
+    /// cut leaves the segments from some point on, without a gap (and opening purges again up
+    /// to the purge mark). Records at or below it in a segment that also holds later ones stay
+    /// on disk until that segment goes.
     pub fn purge(&mut self, index: u64) -> Result<(), LogFileError> {
         self.purged = self.purged.max(Some(index));
-        let mut deleted = false;
         while let Some(segment) = self.segments.first() {
             if segment.next_index() > index.saturating_add(1) {
                 break;
             }
             let path = segment.file.path.clone();
             self.segments.remove(0);
-            crate::file_removal::remove(&path).map_err(io_error(&path))?;
-            deleted = true;
-        }
-        if deleted {
-            sync_dir(&self.dir)?;
+            remove_segment(&path)?;
         }
         Ok(())
     }
@@ -1417,6 +1413,42 @@ mod tests {
         std::fs::remove_file(dir.path().join(segment_name(2))).unwrap();
         let error = LogFiles::open(dir.path()).err().expect("a missing segment fails the open");
         assert!(error.to_string().contains("starts at entry 3"), "{error}");
+    }
+
+    /// Each segment a truncation or a purge removes is gone from the directory durably (the
+    /// directory synced) before the next step: removing the next segment, zeroing the tail of
+    /// the last one kept, or creating a segment of the same name. A power cut never brings back
+    /// a segment with a gap before it, nor an old segment under a name a new one took.
+    #[test]
+    fn truncations_and_purges_sync_the_directory_after_each_segment_they_remove() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = LogFiles::open(dir.path()).unwrap();
+        // Two do not fit in one segment: a segment each.
+        let third = vec![3u8; (SEGMENT_BYTES / 2 + 1) as usize];
+        log.append((1..=3).map(|index| (index, &third[..]))).unwrap();
+        append(&mut log, 4..=4);
+        let segments = segment_paths(dir.path());
+        assert_eq!(segments.len(), 3);
+        let removed = |path: &PathBuf| format!("removed {}", path.display());
+        let synced = format!("synced {}", dir.path().display());
+        crate::file_removal::steps::take();
+        log.truncate(2).unwrap();
+        assert_eq!(
+            crate::file_removal::steps::take(),
+            [removed(&segments[2]), synced.clone(), removed(&segments[1]), synced.clone()],
+            "the last segment first, each synced"
+        );
+        log.append((2..=3).map(|index| (index, &third[..]))).unwrap();
+        let segments = segment_paths(dir.path());
+        assert_eq!(segments.len(), 3);
+        crate::file_removal::steps::take();
+        log.purge(2).unwrap();
+        assert_eq!(
+            crate::file_removal::steps::take(),
+            [removed(&segments[0]), synced.clone(), removed(&segments[1]), synced],
+            "the first segment first, each synced"
+        );
+        assert_eq!((log.first_index(), log.last_index()), (Some(3), Some(3)));
     }
 
     #[test]
