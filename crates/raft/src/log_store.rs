@@ -322,10 +322,12 @@ impl LogStore {
         let (mut files, cut_at) = open_files(&db, dir, committed_index)?;
         let last_purged: Option<LogId> = read_meta(&db, LAST_PURGED).map_err(&state_error)?;
         let held_up_to = files.last_index().max(last_purged.map(|id| id.index)).unwrap_or(0);
-        // Entries above the committed index missing at the log's end, with a torn tail cut off
-        // or room for them in the last segment, were an append a power cut lost; missing after
-        // a full segment, a segment file was lost, and `check_holds_unapplied` refuses the log.
-        if committed_index > held_up_to && (cut_at.is_some() || files.ends_with_room()) {
+        // Committed entries missing at the log's end (and from the tables on disk), with a torn
+        // tail cut off or room for them in the last segment, were an append a power cut lost;
+        // missing after a full segment, a segment file was lost, and `check_holds_unapplied`
+        // refuses the log.
+        let missing = committed_index > held_up_to.max(applied_on_disk.get());
+        if missing && (cut_at.is_some() || files.ends_with_room()) {
             committed_index = lower_committed(&db, &files, dir, committed_index)?;
         }
         if !kept_in_files {
