@@ -514,8 +514,12 @@ fn open_files(db: &DB, dir: &Path, committed: u64) -> Result<(LogFiles, Option<u
 /// after the fsync thread has synced it (`append_to_log` in `crates/openraft` waits for the
 /// [`LogFlushed`] callback, which [`flush_loop`] calls after `fdatasync`), and openraft answers
 /// the leader after that; a leader counts itself towards a quorum only for what it has flushed
-/// (`crates/openraft`'s README). So this node was not counted in the quorum of any entry cut:
-/// each is on a quorum of the other nodes, and this node receives it again from the leader.
+/// (`crates/openraft`'s README). A node that led may answer a later leader's heartbeat naming an
+/// entry of its own it has not flushed yet, but a leader commits by counting only entries of its
+/// own term (`try_commit_quorum_accepted` in `crates/openraft`), which this node holds only
+/// through a follower's append, flushed with everything appended before it (the fsync thread
+/// reports in order). So this node was not counted in the quorum of any entry cut: each is on a
+/// quorum of the other nodes, and this node receives it again from the leader.
 fn lower_committed(db: &DB, files: &LogFiles, dir: &Path, committed: u64) -> Result<u64, crate::OpenError> {
     let state_error = state_error(dir);
     let last_held: Option<LogId> = match files.last_index() {
