@@ -9,7 +9,7 @@
 
 use statestore_protocol::Response;
 
-use crate::codec::{pair_key, Reader, Writer};
+use crate::codec::{decode_u64, encode_u64, pair_key, Reader, Writer};
 use crate::entry::{Reply, RequestIdentity};
 use crate::meta::{DEDUP_DUE, DEDUP_NEXT_DUE, DEDUP_USAGE};
 use crate::storage::{StorageError, StorageRead, Table, Txn};
@@ -49,14 +49,17 @@ pub fn usage(store: &(impl StorageRead + ?Sized)) -> Result<DedupUsage, StorageE
 }
 
 /// The bucket a retention ending at `retain_until` is accounted in: the end of its second.
-fn due_key(retain_until: u64) -> Vec<u8> {
-    let second_end = retain_until.div_ceil(1000).saturating_mul(1000);
-    [DEDUP_DUE, &second_end.to_be_bytes()[..]].concat()
+fn bucket_of(retain_until: u64) -> u64 {
+    retain_until.div_ceil(1000).saturating_mul(1000)
+}
+
+fn due_key(bucket: u64) -> Vec<u8> {
+    [DEDUP_DUE, &bucket.to_be_bytes()[..]].concat()
 }
 
 fn next_due(store: &(impl StorageRead + ?Sized)) -> Result<u64, StorageError> {
     match store.get(Table::Meta, DEDUP_NEXT_DUE)? {
-        Some(value) => crate::codec::decode_u64(Table::Meta, &value),
+        Some(value) => decode_u64(Table::Meta, &value),
         None => Ok(u64::MAX),
     }
 }
@@ -88,14 +91,15 @@ pub(crate) fn release_expired(txn: &mut impl Txn, now: u64) -> Result<(), Storag
     txn.put(Table::Meta, DEDUP_USAGE.to_vec(), usage.encode());
     match next {
         u64::MAX => txn.delete(Table::Meta, DEDUP_NEXT_DUE.to_vec()),
-        next => txn.put(Table::Meta, DEDUP_NEXT_DUE.to_vec(), crate::codec::encode_u64(next)),
+        next => txn.put(Table::Meta, DEDUP_NEXT_DUE.to_vec(), encode_u64(next)),
     }
     Ok(())
 }
 
 /// Adds a record of `bytes` retained until `retain_until` to the usage and its bucket.
 fn account(txn: &mut impl Txn, retain_until: u64, bytes: u64) -> Result<(), StorageError> {
-    let key = due_key(retain_until);
+    let due = bucket_of(retain_until);
+    let key = due_key(due);
     let mut bucket = DedupUsage::decode(txn.get(Table::Meta, &key)?)?;
     bucket.bytes = bucket.bytes.saturating_add(bytes);
     bucket.records += 1;
@@ -104,9 +108,8 @@ fn account(txn: &mut impl Txn, retain_until: u64, bytes: u64) -> Result<(), Stor
     total.bytes = total.bytes.saturating_add(bytes);
     total.records += 1;
     txn.put(Table::Meta, DEDUP_USAGE.to_vec(), total.encode());
-    let second_end = retain_until.div_ceil(1000).saturating_mul(1000);
-    if second_end < next_due(txn)? {
-        txn.put(Table::Meta, DEDUP_NEXT_DUE.to_vec(), crate::codec::encode_u64(second_end));
+    if due < next_due(txn)? {
+        txn.put(Table::Meta, DEDUP_NEXT_DUE.to_vec(), encode_u64(due));
     }
     Ok(())
 }

@@ -298,6 +298,11 @@ mod tests {
         ResponseTopics::default()
     }
 
+    /// A request as published, under the default response topics and no authorization map.
+    fn classify(publish: &Publish, received: Instant) -> Result<Inbound, DropReason> {
+        Inbound::classify(publish, Delivered::AsPublished, received, &topics(), None)
+    }
+
     fn set_payload() -> Vec<u8> {
         Set::new("k", "v").encode()
     }
@@ -335,14 +340,7 @@ mod tests {
     #[test]
     fn an_sdk_request_is_a_command_with_its_identity() {
         let now = Instant::now();
-        let inbound = Inbound::classify(
-            &request(&set_payload(), QoS::AtLeastOnce, |_| {}),
-            Delivered::AsPublished,
-            now,
-            &topics(),
-            None,
-        )
-        .unwrap();
+        let inbound = classify(&request(&set_payload(), QoS::AtLeastOnce, |_| {}), now).unwrap();
         assert!(matches!(&inbound.body, Body::Command(r) if matches!(r.command, Command::Set(_))));
         assert_eq!(inbound.client_id.as_deref(), Some("c1"));
         assert_eq!(inbound.deadline, Some(now + Duration::from_secs(10)));
@@ -355,35 +353,23 @@ mod tests {
     fn unanswerable_requests_are_dropped() {
         let now = Instant::now();
         let qos0 = request(&set_payload(), QoS::AtMostOnce, |_| {});
-        assert_eq!(
-            Inbound::classify(&qos0, Delivered::AsPublished, now, &topics(), None).unwrap_err(),
-            DropReason::QoS0
-        );
+        assert_eq!(classify(&qos0, now).unwrap_err(), DropReason::QoS0);
         // Through a follower's QoS 0 subscription the client's QoS is unknown: kept.
         assert!(matches!(
             Inbound::classify(&qos0, Delivered::MaybeCapped, now, &topics(), None).unwrap().body,
             Body::Command(_)
         ));
         let missing = request(&set_payload(), QoS::AtLeastOnce, |p| p.response_topic = None);
-        assert_eq!(
-            Inbound::classify(&missing, Delivered::AsPublished, now, &topics(), None).unwrap_err(),
-            DropReason::ResponseTopic(ResponseTopicProblem::Missing)
-        );
+        assert_eq!(classify(&missing, now).unwrap_err(), DropReason::ResponseTopic(ResponseTopicProblem::Missing));
         let forbidden = request(&set_payload(), QoS::AtLeastOnce, |p| p.response_topic = Some(REQUEST_TOPIC.into()));
-        assert_eq!(
-            Inbound::classify(&forbidden, Delivered::AsPublished, now, &topics(), None).unwrap_err(),
-            DropReason::ResponseTopic(ResponseTopicProblem::Forbidden)
-        );
+        assert_eq!(classify(&forbidden, now).unwrap_err(), DropReason::ResponseTopic(ResponseTopicProblem::Forbidden));
         assert_eq!(DropReason::ResponseTopic(ResponseTopicProblem::Forbidden).label(), "forbidden_response_topic");
         // A topic outside the allowed patterns: the node would publish there with its own
         // broker rights, onto another device's command topic, say.
         let elsewhere = request(&set_payload(), QoS::AtLeastOnce, |p| {
             p.response_topic = Some("devices/thermostat-9/commands/set".into())
         });
-        assert_eq!(
-            Inbound::classify(&elsewhere, Delivered::AsPublished, now, &topics(), None).unwrap_err(),
-            DropReason::ResponseTopic(ResponseTopicProblem::NotAllowed)
-        );
+        assert_eq!(classify(&elsewhere, now).unwrap_err(), DropReason::ResponseTopic(ResponseTopicProblem::NotAllowed));
         let devices = ResponseTopics::parse("devices/{client}/#").unwrap();
         let inbound = Inbound::classify(&elsewhere, Delivered::AsPublished, now, &devices, None).unwrap();
         assert_eq!(inbound.client, "thermostat-9", "an operator may allow other patterns");
@@ -393,19 +379,13 @@ mod tests {
     fn envelope_problems_become_answers() {
         let now = Instant::now();
         let no_correlation = request(&set_payload(), QoS::AtLeastOnce, |p| p.correlation_data = None);
-        let inbound = Inbound::classify(&no_correlation, Delivered::AsPublished, now, &topics(), None).unwrap();
+        let inbound = classify(&no_correlation, now).unwrap();
         assert_eq!(inbound.body, Body::Invalid(StoreError::MissingCorrelationData));
         assert_eq!(inbound.identity(), None);
         let no_ts = request(&set_payload(), QoS::AtLeastOnce, |p| p.user_properties.retain(|(k, _)| k != "__ts"));
-        assert_eq!(
-            Inbound::classify(&no_ts, Delivered::AsPublished, now, &topics(), None).unwrap().body,
-            Body::Invalid(StoreError::MissingTimestamp)
-        );
+        assert_eq!(classify(&no_ts, now).unwrap().body, Body::Invalid(StoreError::MissingTimestamp));
         let garbage = request(b"*1\r\n$3\r\nset\r\n", QoS::AtLeastOnce, |_| {});
-        assert_eq!(
-            Inbound::classify(&garbage, Delivered::AsPublished, now, &topics(), None).unwrap().body,
-            Body::Invalid(StoreError::UnknownCommand)
-        );
+        assert_eq!(classify(&garbage, now).unwrap().body, Body::Invalid(StoreError::UnknownCommand));
     }
 
     #[test]
@@ -418,26 +398,17 @@ mod tests {
                 p.user_properties.retain(|(k, _)| k != "__protVer");
                 p.user_properties.push((property::PROTOCOL_VERSION.into(), version.into()));
             });
-            let body = Inbound::classify(&publish, Delivered::AsPublished, now, &topics(), None).unwrap().body;
+            let body = classify(&publish, now).unwrap().body;
             assert_eq!(matches!(body, Body::UnsupportedVersion(_)), !supported, "{version}");
         }
         let absent = request(&set_payload(), QoS::AtLeastOnce, |p| p.user_properties.retain(|(k, _)| k != "__protVer"));
-        assert!(matches!(
-            Inbound::classify(&absent, Delivered::AsPublished, now, &topics(), None).unwrap().body,
-            Body::Command(_)
-        ));
+        assert!(matches!(classify(&absent, now).unwrap().body, Body::Command(_)));
     }
 
     #[test]
     fn the_client_id_falls_back_to_the_response_topic() {
         let publish = request(&set_payload(), QoS::AtLeastOnce, |p| p.user_properties.retain(|(k, _)| k != "__srcId"));
-        assert_eq!(
-            Inbound::classify(&publish, Delivered::AsPublished, Instant::now(), &topics(), None)
-                .unwrap()
-                .client_id
-                .as_deref(),
-            Some("c1")
-        );
+        assert_eq!(classify(&publish, Instant::now()).unwrap().client_id.as_deref(), Some("c1"));
     }
 
     #[test]
@@ -448,7 +419,7 @@ mod tests {
                 p.user_properties.retain(|(k, _)| k != "__srcId");
                 p.user_properties.push((property::SOURCE_ID.into(), src_id.into()));
             });
-            Inbound::classify(&publish, Delivered::AsPublished, Instant::now(), &topics(), None).unwrap().body
+            classify(&publish, Instant::now()).unwrap().body
         };
         assert_eq!(with_src_id("victim", &keynotify), Body::Invalid(StoreError::ClientIdMismatch));
         assert!(matches!(with_src_id("c1", &keynotify), Body::Command(_)));
@@ -456,10 +427,7 @@ mod tests {
         let go = request(&keynotify, QoS::AtLeastOnce, |p| {
             p.response_topic = Some(RESPONSE.replace("clients/c1/", "clients/6331/"));
         });
-        assert!(matches!(
-            Inbound::classify(&go, Delivered::AsPublished, Instant::now(), &topics(), None).unwrap().body,
-            Body::Command(_)
-        ));
+        assert!(matches!(classify(&go, Instant::now()).unwrap().body, Body::Command(_)));
         // Only registrations depend on the client id; other commands are not refused.
         assert!(matches!(with_src_id("victim", &set_payload()), Body::Command(_)));
         // A response topic that names no client is not answered at all, so the check cannot
@@ -486,7 +454,7 @@ mod tests {
                 p.user_properties.retain(|(k, _)| k != "__srcId");
                 p.user_properties.push((property::SOURCE_ID.into(), src_id.into()));
             });
-            Inbound::classify(&publish, Delivered::AsPublished, Instant::now(), &topics(), None).unwrap()
+            classify(&publish, Instant::now()).unwrap()
         };
         for src_id in ["a", "b", "c"] {
             assert_eq!(rotating(src_id).client_key(), "c1", "quotas count by the topic's client, not {src_id}");
@@ -496,14 +464,7 @@ mod tests {
     #[test]
     fn responses_carry_status_version_correlation_and_remaining_expiry() {
         let now = Instant::now();
-        let inbound = Inbound::classify(
-            &request(&set_payload(), QoS::AtLeastOnce, |_| {}),
-            Delivered::AsPublished,
-            now,
-            &topics(),
-            None,
-        )
-        .unwrap();
+        let inbound = classify(&request(&set_payload(), QoS::AtLeastOnce, |_| {}), now).unwrap();
         let version: Hlc = TS.parse().unwrap();
         let later = now + Duration::from_millis(2_500);
         let properties = inbound.response_properties(200, Some(&version), later);
