@@ -1,8 +1,9 @@
 //! Who gets in, against real processes and a real Mosquitto:
 //! - HTTPS between nodes with client certificates: three nodes whose certificates a test CA signs
 //!   replicate over TLS and fail over; a client without a certificate reaches only the open
-//!   routes; a certificate of another CA, and plain HTTP, get nothing; the CLI speaks to them
-//!   with the CA and a client certificate.
+//!   routes; a certificate of another CA, and plain HTTP, get nothing; a certificate the CA
+//!   signed that does not name a member's host cannot send Raft requests as that member; the
+//!   CLI speaks to them with the CA and a client certificate.
 //! - TLS to the broker: nodes reach a Mosquitto TLS listener that requires client certificates.
 //! - Keys per client: under an authorization file each MQTT client uses only its prefixes.
 //! - Closed by default: a node listening beyond loopback starts only with a cluster secret, TLS
@@ -46,7 +47,12 @@ impl Authority {
 
     /// A certificate for `who`, valid for 127.0.0.1 as a server and as a client: (cert, key).
     fn issue(&self, who: &str) -> (PathBuf, PathBuf) {
-        let mut params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+        self.issue_naming(who, &["127.0.0.1", "localhost"])
+    }
+
+    /// A certificate for `who` whose subject alternative names are `names`: (cert, key).
+    fn issue_naming(&self, who: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+        let mut params = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
         params.distinguished_name.push(DnType::CommonName, who);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         let key = KeyPair::generate().unwrap();
@@ -132,6 +138,39 @@ async fn nodes_speak_https_with_client_certificates_and_refuse_everyone_else() {
     assert_eq!(plain_learner.status(), 400, "a learner at an http:// URL in a cluster with TLS");
     let body: serde_json::Value = plain_learner.json().await.unwrap();
     assert!(body["message"].as_str().unwrap().contains("https://"), "{body}");
+
+    // A certificate the CA signed for someone else cannot speak for a member: a Raft request
+    // needs the certificate of the member it claims to come from, one that names the host of
+    // that member's address (127.0.0.1 here); the operator's, which names another host, reaches
+    // the routes any signed certificate may use, but not Raft.
+    let elsewhere = ca.client(Some(ca.issue_naming("operator-elsewhere", &["operator.example"]))).build().unwrap();
+    let member = cluster.running().into_iter().find(|id| *id != leader).unwrap();
+    let vote_from = |client: &reqwest::Client, from: Option<String>| {
+        let mut request = client.post(format!("{url}/raft/vote")).body(Vec::new());
+        if let Some(from) = from {
+            request = request.header("x-statestore-node", from);
+        }
+        request.send()
+    };
+    let refused = vote_from(&elsewhere, Some(member.to_string())).await.unwrap();
+    assert_eq!(refused.status(), 403, "Raft RPC with a certificate that does not name the member's host");
+    let why = refused.text().await.unwrap();
+    assert!(why.contains("does not name 127.0.0.1"), "{why}");
+    let refused = vote_from(&elsewhere, None).await.unwrap();
+    assert_eq!(refused.status(), 403, "Raft RPC over TLS that names no sender");
+    let refused = vote_from(&cluster.http, Some("42".into())).await.unwrap();
+    assert_eq!(refused.status(), 403, "Raft RPC from a node that is not a member");
+    assert!(refused.text().await.unwrap().contains("node 42 is not a member"));
+    let checked = vote_from(&cluster.http, Some(member.to_string())).await.unwrap();
+    assert_eq!(checked.status(), 400, "a certificate naming the member's host gets as far as the (empty) body");
+    let stream = elsewhere
+        .get(format!("{url}/raft/append/stream"))
+        .header("connection", "upgrade")
+        .header("upgrade", statestore_raft::append_stream::UPGRADE_PROTOCOL)
+        .header("x-statestore-node", member.to_string());
+    assert_eq!(stream.send().await.unwrap().status(), 403, "an appends stream with another's certificate");
+    let command = elsewhere.post(format!("{url}/v1/command")).body("*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
+    assert_eq!(command.send().await.unwrap().status(), 200, "/v1/command takes any certificate the CA signs");
 
     // A certificate another CA signs is refused in the handshake; so is plain HTTP.
     let stranger = rogue.issue("intruder");

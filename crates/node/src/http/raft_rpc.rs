@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
+use axum::extract::connect_info::ConnectInfo;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -21,12 +22,14 @@ use statestore_raft::identity::{Claims, CLUSTER_HEADER, EXPECTED_HEADER, INCARNA
 use statestore_raft::wire::{decode, encode, CONTENT_TYPE};
 use tokio::io::{AsyncRead, AsyncWrite, BufStream};
 
+use crate::http::tls::ClientCertificate;
 use crate::http::RAFT_BODY_LIMIT;
 use crate::node::Node;
 
-/// Notes the sender's clock of every Raft request and checks who sent it (refused with 409 when
-/// it or this node is not the storage the cluster enrolled, or another cluster's); answers
-/// carry this node's clock, incarnation and cluster name.
+/// Notes the sender's clock of every Raft request and checks who sent it: under TLS, that its
+/// client certificate is the member's it claims to be (refused with 403, [`check_certificate`]);
+/// then that it and this node are the storage the cluster enrolled, of this cluster (refused
+/// with 409). Answers carry this node's clock, incarnation and cluster name.
 pub async fn check_peer(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
     let refusal = {
         let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
@@ -36,10 +39,20 @@ pub async fn check_peer(State(node): State<Arc<Node>>, request: Request, next: N
             expected: header(EXPECTED_HEADER),
         };
         let from = header(FROM_HEADER).and_then(|v| v.parse::<u64>().ok());
-        check_sender(&node, from, header(CLOCK_HEADER).and_then(|v| v.parse().ok()), &claims).err()
+        match request.extensions().get::<ConnectInfo<ClientCertificate>>() {
+            Some(ConnectInfo(certificate)) => {
+                check_certificate(&node, from, certificate).map_err(|why| (StatusCode::FORBIDDEN, why))
+            }
+            None => Ok(()),
+        }
+        .and_then(|()| {
+            check_sender(&node, from, header(CLOCK_HEADER).and_then(|v| v.parse().ok()), &claims)
+                .map_err(|why| (StatusCode::CONFLICT, why))
+        })
+        .err()
     };
     let mut response = match refusal {
-        Some(why) => (StatusCode::CONFLICT, why).into_response(),
+        Some(why) => why.into_response(),
         None => next.run(request).await,
     };
     let headers = response.headers_mut();
@@ -54,6 +67,53 @@ pub async fn check_peer(State(node): State<Arc<Node>>, request: Request, next: N
         add(CLUSTER_HEADER, &cluster);
     }
     response
+}
+
+/// Under TLS a peer proves which member it is: the client certificate of a Raft request must
+/// name (as a subject alternative name) the host of the address the claimed sender has in this
+/// node's membership, so a certificate the CA signed for one member, or for an operator, cannot
+/// speak for another member. A sender this node does not know as a member is refused, unless
+/// this node knows no members at all yet (a new node waiting to be added, which holds nothing).
+/// Why it is refused, if it is (logged at most once per [`REFUSAL_LOG_EVERY`]).
+fn check_certificate(node: &Node, from: Option<u64>, certificate: &ClientCertificate) -> Result<(), String> {
+    let checked = match from {
+        None => Err(format!("a Raft request over TLS must say which member sends it ({FROM_HEADER})")),
+        Some(from) => {
+            let metrics = node.raft.metrics();
+            let metrics = metrics.borrow();
+            let membership = metrics.membership_config.membership();
+            match membership.get_node(&from) {
+                None if membership.nodes().next().is_none() => Ok(()),
+                None => Err(format!("node {from} is not a member this node knows")),
+                Some(member) => match host_of(&member.addr) {
+                    Some(host) if certificate.names(host) => Ok(()),
+                    Some(host) => Err(format!(
+                        "the client certificate does not name {host}, the host of node {from}'s address {}",
+                        member.addr
+                    )),
+                    None => Err(format!("node {from}'s address {} has no host", member.addr)),
+                },
+            }
+        }
+    };
+    checked.inspect_err(|why| {
+        if warn_now() {
+            tracing::warn!(why, "refused a Raft request");
+        }
+    })
+}
+
+/// The host of a member's address (`https://node-2:7401` → `node-2`; an IPv6 address without
+/// its brackets).
+fn host_of(address: &str) -> Option<&str> {
+    let rest = address.split_once("://").map_or(address, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split_once(']')?.0,
+        None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),
+    };
+    (!host.is_empty()).then_some(host)
 }
 
 /// Notes the sender's clock and checks who sent a Raft request or a streamed append: why it is
@@ -152,6 +212,7 @@ pub async fn release(State(node): State<Arc<Node>>, body: Bytes) -> Response {
 /// Protocols` and serves the connection's frames on a task of its own. The request has passed
 /// the checks of every Raft request by then.
 pub async fn append_stream(State(node): State<Arc<Node>>, mut request: Request) -> Response {
+    let certificate = request.extensions().get::<ConnectInfo<ClientCertificate>>().map(|info| info.0.clone());
     let upgrade = request.headers().get(header::UPGRADE).and_then(|v| v.to_str().ok());
     if upgrade != Some(UPGRADE_PROTOCOL) {
         let why = format!("an appends stream needs `Connection: upgrade` and `Upgrade: {UPGRADE_PROTOCOL}`");
@@ -162,7 +223,7 @@ pub async fn append_stream(State(node): State<Arc<Node>>, mut request: Request) 
     };
     tokio::spawn(async move {
         match upgrading.await {
-            Ok(upgraded) => serve_appends(node, BufStream::new(TokioIo::new(upgraded))).await,
+            Ok(upgraded) => serve_appends(node, certificate, BufStream::new(TokioIo::new(upgraded))).await,
             Err(e) => tracing::debug!(error = %e, "an appends stream was not opened"),
         }
     });
@@ -177,10 +238,17 @@ const STREAM_IDLE: Duration = Duration::from_secs(30);
 
 /// Answers the appends of one stream, in order, until the leader closes it, it stays idle for
 /// [`STREAM_IDLE`], a frame is malformed (over [`RAFT_BODY_LIMIT`] or not an append), or this
-/// node stops taking Raft messages.
-async fn serve_appends<S: AsyncRead + AsyncWrite + Unpin>(node: Arc<Node>, mut stream: S) {
+/// node stops taking Raft messages. Under TLS every frame's sender is checked against the
+/// connection's `certificate` ([`check_certificate`]).
+async fn serve_appends<S: AsyncRead + AsyncWrite + Unpin>(
+    node: Arc<Node>,
+    certificate: Option<ClientCertificate>,
+    mut stream: S,
+) {
     let closed = node.peers_closed();
     tokio::pin!(closed);
+    // The member this stream's certificate was last found to be: its frames need no new check.
+    let mut admitted = None;
     loop {
         let read = tokio::select! {
             biased;
@@ -200,7 +268,13 @@ async fn serve_appends<S: AsyncRead + AsyncWrite + Unpin>(node: Arc<Node>, mut s
             }
         };
         let stamp = &frame.stamp;
-        let answer = match check_sender(&node, stamp.from, stamp.wall_clock_ms, &stamp.claims()) {
+        let checked = match &certificate {
+            Some(_) if stamp.from.is_some() && stamp.from == admitted => Ok(()),
+            Some(certificate) => check_certificate(&node, stamp.from, certificate).inspect(|()| admitted = stamp.from),
+            None => Ok(()),
+        };
+        let checked = checked.and_then(|()| check_sender(&node, stamp.from, stamp.wall_clock_ms, &stamp.claims()));
+        let answer = match checked {
             Ok(()) => {
                 node.metrics.observe_append_served(true);
                 match node.call_from_peer(node.raft.append_entries(frame.request)).await {
@@ -227,5 +301,20 @@ async fn serve_appends<S: AsyncRead + AsyncWrite + Unpin>(node: Arc<Node>, mut s
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_of;
+
+    #[test]
+    fn the_host_of_a_member_address() {
+        assert_eq!(host_of("https://node-2:7401"), Some("node-2"));
+        assert_eq!(host_of("https://10.0.0.2:7401/"), Some("10.0.0.2"));
+        assert_eq!(host_of("https://[::1]:7401"), Some("::1"));
+        assert_eq!(host_of("https://node-2"), Some("node-2"));
+        assert_eq!(host_of("node-2:7401"), Some("node-2"));
+        assert_eq!(host_of("https://:7401"), None);
     }
 }

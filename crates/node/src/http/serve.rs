@@ -66,7 +66,7 @@ impl Connection for tokio::net::TcpStream {
 
 impl Connection for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
     fn client_certificate(&self) -> Option<ClientCertificate> {
-        Some(ClientCertificate(self.get_ref().1.peer_certificates().is_some_and(|certs| !certs.is_empty())))
+        Some(ClientCertificate::of(self.get_ref().1))
     }
 }
 

@@ -14,6 +14,7 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::serve::Listener;
+use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
@@ -124,15 +125,42 @@ impl Listener for TlsListener {
     }
 }
 
-/// Whether the client of a connection presented a certificate the CA signs (rustls has
-/// verified any certificate it accepted).
-#[derive(Debug, Clone, Copy)]
-pub struct ClientCertificate(pub bool);
+/// The certificate the client of a connection presented, which rustls has verified against the
+/// cluster's CA (`None`: it presented none).
+#[derive(Debug, Clone, Default)]
+pub struct ClientCertificate(pub Option<Arc<CertificateDer<'static>>>);
+
+impl ClientCertificate {
+    /// The end-entity certificate of a TLS connection's client, if it presented one.
+    pub fn of(connection: &rustls::ServerConnection) -> ClientCertificate {
+        ClientCertificate(
+            connection
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .map(|leaf| Arc::new(leaf.clone().into_owned())),
+        )
+    }
+
+    pub fn presented(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Whether the certificate names `host` (a DNS name or an IP address) among its subject
+    /// alternative names, as a server certificate for that host would have to.
+    pub fn names(&self, host: &str) -> bool {
+        let Some(der) = &self.0 else { return false };
+        let (Ok(certificate), Ok(name)) = (webpki::EndEntityCert::try_from(der.as_ref()), ServerName::try_from(host))
+        else {
+            return false;
+        };
+        certificate.verify_is_valid_for_subject_name(&name).is_ok()
+    }
+}
 
 /// Lets a request through only from a client with a certificate the cluster CA signs. On a
 /// plain-HTTP server (no connection info) it is not installed.
 pub async fn require_client_certificate(request: Request, next: Next) -> Response {
-    let verified = request.extensions().get::<ConnectInfo<ClientCertificate>>().is_some_and(|info| info.0 .0);
+    let verified = request.extensions().get::<ConnectInfo<ClientCertificate>>().is_some_and(|info| info.0.presented());
     if !verified {
         return ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -142,4 +170,34 @@ pub async fn require_client_certificate(request: Request, next: Next) -> Respons
         .into_response();
     }
     next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rcgen::{CertificateParams, KeyPair};
+    use rustls::pki_types::CertificateDer;
+
+    use super::ClientCertificate;
+
+    fn certificate_for(names: &[&str]) -> ClientCertificate {
+        let params = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+        let der = params.self_signed(&KeyPair::generate().unwrap()).unwrap().der().to_vec();
+        ClientCertificate(Some(Arc::new(CertificateDer::from(der))))
+    }
+
+    #[test]
+    fn a_certificate_names_only_the_hosts_among_its_subject_alternative_names() {
+        let member = certificate_for(&["node-2", "10.0.0.2", "::1"]);
+        assert!(member.names("node-2"));
+        assert!(member.names("10.0.0.2"));
+        assert!(member.names("::1"));
+        assert!(!member.names("node-1"));
+        assert!(!member.names("10.0.0.1"));
+        assert!(!member.names("node-2.example"));
+        let operator = certificate_for(&["operator"]);
+        assert!(!operator.names("127.0.0.1"));
+        assert!(!ClientCertificate(None).names("node-2"));
+    }
 }
