@@ -538,6 +538,14 @@ mod tests {
     }
 
     #[test]
+    fn the_fsync_probe_times_appends_and_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let ms = fsync_median_ms(dir.path(), 5).unwrap();
+        assert!(ms > 0.0 && ms.is_finite(), "{ms}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the probe's file is removed");
+    }
+
+    #[test]
     fn each_round_starts_with_another_target() {
         let all = [TargetKind::Echo, TargetKind::Cluster, TargetKind::Etcd];
         assert_eq!(round_order(&all, 1), all);
