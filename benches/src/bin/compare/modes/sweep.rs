@@ -358,14 +358,18 @@ fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyho
         }
         table.row(cells);
     }
-    run.say(
-        "sweep: closed loop over random keys; SET, then (every key written first) GET: linearizable \
-         (cluster over MQTT, etcd's default Range over gRPC), NATS KV's direct get, the echo \
-         responder's +OK; GET-local: etcd's serializable Range (the member's own state, possibly \
-         stale; the state store's local read is HTTP-only, not measured here); CPU in CPU-seconds \
-         per second (2 cores = 2.00); others = other processes on the machine meanwhile (noise \
-         when well above 0)",
-    );
+    let operations = if rows.iter().any(|row| row.op != Op::Set) {
+        "SET, then (every key written first) GET: linearizable (cluster over MQTT, etcd's default \
+         Range over gRPC), NATS KV's direct get, the echo responder's +OK; GET-local: etcd's \
+         serializable Range (the member's own state, possibly stale; the state store's local read \
+         is HTTP-only, not measured here)"
+    } else {
+        "SET"
+    };
+    run.say(format!(
+        "sweep: closed loop over random keys, {operations}; CPU in CPU-seconds per second (2 cores = \
+         2.00); others = other processes on the machine meanwhile (noise when well above 0)"
+    ));
     run.say(table.render());
     for row in rows {
         let label = match row.op {
