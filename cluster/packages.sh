@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Debian packages the build, the tests and the local cluster need: libclang for RocksDB's
 # bindgen, a C++ compiler and make for RocksDB itself, libssl-dev and pkg-config for the SDK
-# crates the conformance tests use, mosquitto as the broker, procps for `kill`, curl for the
+# crates the conformance tests use, protobuf-compiler (protoc) for the etcd gRPC client of the
+# benchmarks, mosquitto as the broker, procps for `kill`, curl for the
 # scripts; with `--tests` also prometheus (the scrape test, and the air-gapped Prometheus image)
 # faketime (the clock-offset test runs a node with its wall clock shifted) and python3-paho-mqtt
 # (the test that runs docs/examples/quickstart.py).
@@ -11,7 +12,7 @@
 #   cluster/packages.sh [--tests] [--check]
 set -euo pipefail
 
-PACKAGES=(libclang-dev g++ make pkg-config libssl-dev mosquitto procps curl)
+PACKAGES=(libclang-dev g++ make pkg-config libssl-dev protobuf-compiler mosquitto procps curl)
 check=false
 for arg in "$@"; do
   case "$arg" in

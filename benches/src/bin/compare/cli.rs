@@ -152,7 +152,8 @@ pub struct ScorecardOptions {
 pub struct Common {
     /// Targets to measure, one after another (default: echo,cluster,etcd,nats; fill, partition
     /// and snapshot: cluster; scorecard: echo,cluster,etcd, its fills, sustained run, snapshots
-    /// and partitions on the cluster alone).
+    /// and partitions on the cluster alone). etcd is driven over gRPC; etcd-json is etcd driven
+    /// through its JSON gateway instead.
     #[arg(long, value_delimiter = ',')]
     pub targets: Option<Vec<TargetKind>>,
     /// Output directory (default benches/results/<UTC time>-<mode>).
@@ -226,8 +227,9 @@ impl Mode {
         let targets = targets.max(1) as u64;
         let timeout = self.common().map_or(10, |c| c.timeout);
         match self {
+            // SET, GET and a local GET at every level, and the writes before the reads.
             Mode::Sweep { levels, secs, warmup, rounds, .. } => {
-                rounds * targets * (START + levels.len() as u64 * (warmup + secs + timeout))
+                rounds * targets * (2 * START + 3 * levels.len() as u64 * (warmup + secs + timeout))
             }
             Mode::Rate { secs, warmup, .. } => targets * (2 * START + 4 + 2 * timeout + warmup + secs),
             // At a pessimistic 200 writes per second, plus the restart.

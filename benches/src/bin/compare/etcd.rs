@@ -1,6 +1,9 @@
 //! The `etcd` target: a three-member etcd cluster (the Debian `etcd-server` binary) on loopback
-//! with default settings (fsync on), written through its v3 JSON gateway
-//! (`POST /v3/kv/put`) on the leader, one keep-alive HTTP/1.1 connection per in-flight slot.
+//! with default settings (fsync on), written and read through its gRPC API on the leader as its
+//! users call it ([`EtcdLoad`]: the `etcd-client` crate, one HTTP/2 connection per 16 in-flight
+//! slots, as the MQTT targets share a connection). The `etcd-json` target is the same cluster
+//! driven through the v3 JSON gateway instead ([`EtcdJsonLoad`]: `POST /v3/kv/put` and
+//! `/v3/kv/range`, one keep-alive HTTP/1.1 connection per slot), to show what the gateway costs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -143,10 +146,10 @@ impl EtcdCluster {
         None
     }
 
-    /// The put endpoint of the current leader.
-    pub async fn leader_put_url(&self) -> anyhow::Result<String> {
+    /// The client URL (`http://127.0.0.1:port`) of the current leader.
+    pub async fn leader_url(&self) -> anyhow::Result<String> {
         let index = self.leader().await.context("etcd has no leader")?;
-        Ok(self.url(index, "/v3/kv/put"))
+        Ok(self.url(index, ""))
     }
 
     pub fn rss_mib(&self) -> Vec<(String, Option<f64>)> {
@@ -192,14 +195,93 @@ fn unsupported_arch() -> Option<&'static str> {
     }
 }
 
-/// Puts through the JSON gateway, one HTTP client (one keep-alive connection) per slot.
+/// In-flight slots that share one gRPC client, so one HTTP/2 connection (as MQTT connections
+/// are shared).
+pub const SLOTS_PER_CONNECTION: usize = crate::mqtt_load::SLOTS_PER_CONNECTION;
+
+/// How long connecting a gRPC client and its first answer may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Puts and Ranges through etcd's gRPC API as its users call it (the `etcd-client` crate, on
+/// tonic), on the leader: one client, one HTTP/2 connection, per [`SLOTS_PER_CONNECTION`]
+/// slots, each carrying its slots' requests at once.
 pub struct EtcdLoad {
-    put_url: String,
-    clients: Vec<reqwest::Client>,
+    /// Kept whole: each holds its channel's endpoint list open.
+    clients: Vec<etcd_client::Client>,
+    timeout: Duration,
 }
 
 impl EtcdLoad {
-    pub fn new(put_url: String, slots: usize, timeout: Duration) -> anyhow::Result<EtcdLoad> {
+    /// Enough clients for `slots` in-flight requests to the member at `endpoint`, each
+    /// connected and answering (a Range of a key nobody writes) before this returns.
+    pub async fn connect(endpoint: &str, slots: usize, timeout: Duration) -> anyhow::Result<EtcdLoad> {
+        let count = slots.div_ceil(SLOTS_PER_CONNECTION).max(1);
+        let options = etcd_client::ConnectOptions::new().with_connect_timeout(CONNECT_TIMEOUT);
+        let mut clients = Vec::with_capacity(count);
+        for _ in 0..count {
+            let client = etcd_client::Client::connect([endpoint], Some(options.clone()))
+                .await
+                .with_context(|| format!("connecting a gRPC client to etcd at {endpoint}"))?;
+            tokio::time::timeout(CONNECT_TIMEOUT, client.kv_client().get("compare-ready", None))
+                .await
+                .with_context(|| format!("etcd at {endpoint} answered no gRPC Range within {CONNECT_TIMEOUT:?}"))?
+                .with_context(|| format!("a gRPC Range on etcd at {endpoint}"))?;
+            clients.push(client);
+        }
+        Ok(EtcdLoad { clients, timeout })
+    }
+
+    fn kv(&self, slot: usize) -> etcd_client::KvClient {
+        self.clients[(slot / SLOTS_PER_CONNECTION) % self.clients.len()].kv_client()
+    }
+
+    async fn within<T>(
+        &self,
+        request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, RequestError> {
+        match tokio::time::timeout(self.timeout, request).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(etcd_client::Error::GRpcStatus(status))) => {
+                Err(RequestError::Refused(format!("gRPC {:?}: {}", status.code(), status.message())))
+            }
+            Ok(Err(e)) => Err(RequestError::Send(e.to_string())),
+            Err(_) => Err(RequestError::Timeout),
+        }
+    }
+}
+
+impl Requester for EtcdLoad {
+    async fn set(&self, slot: usize, key: Vec<u8>, value: &[u8]) -> Result<(), RequestError> {
+        let mut kv = self.kv(slot);
+        self.within(kv.put(key, value, None)).await.map(drop)
+    }
+
+    /// A Range of one key: linearizable (etcd's default), or serializable with `local` (the
+    /// member's own state, possibly stale). No value is an error.
+    async fn get(&self, slot: usize, key: Vec<u8>, local: bool) -> Result<(), RequestError> {
+        let mut kv = self.kv(slot);
+        let options = local.then(|| etcd_client::GetOptions::new().with_serializable());
+        let answer = self.within(kv.get(key, options)).await?;
+        if answer.kvs().is_empty() {
+            Err(RequestError::Refused("the key has no value".into()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// The `etcd-json` target's client: puts and Ranges through etcd's v3 JSON gateway (grpc-gateway
+/// in front of the gRPC API, `POST /v3/kv/put` and `/v3/kv/range`), one HTTP client (one
+/// keep-alive HTTP/1.1 connection) per slot. Every request pays the gateway's JSON translation.
+pub struct EtcdJsonLoad {
+    put_url: String,
+    range_url: String,
+    clients: Vec<reqwest::Client>,
+}
+
+impl EtcdJsonLoad {
+    /// Clients for `slots` in-flight requests to the member at `endpoint` (`http://host:port`).
+    pub fn new(endpoint: &str, slots: usize, timeout: Duration) -> anyhow::Result<EtcdJsonLoad> {
         let clients = (0..slots.max(1))
             .map(|_| {
                 reqwest::Client::builder()
@@ -210,16 +292,18 @@ impl EtcdLoad {
                     .build()
             })
             .collect::<Result<_, _>>()?;
-        Ok(EtcdLoad { put_url, clients })
+        Ok(EtcdJsonLoad {
+            put_url: format!("{endpoint}/v3/kv/put"),
+            range_url: format!("{endpoint}/v3/kv/range"),
+            clients,
+        })
     }
-}
 
-impl Requester for EtcdLoad {
-    async fn set(&self, slot: usize, key: Vec<u8>, value: &[u8]) -> Result<(), RequestError> {
+    /// Posts `body` to `url` on the slot's connection; returns the answer's body.
+    async fn post(&self, slot: usize, url: &str, body: String) -> Result<bytes::Bytes, RequestError> {
         let client = &self.clients[slot % self.clients.len()];
-        let body = format!(r#"{{"key":"{}","value":"{}"}}"#, BASE64.encode(key), BASE64.encode(value));
         let response = client
-            .post(&self.put_url)
+            .post(url)
             .header("content-type", "application/json")
             .body(body)
             .send()
@@ -228,9 +312,27 @@ impl Requester for EtcdLoad {
         let status = response.status();
         let body = response.bytes().await.map_err(|e| RequestError::Send(e.to_string()))?;
         if status.is_success() && !body.starts_with(br#"{"error""#) {
-            Ok(())
+            Ok(body)
         } else {
             Err(RequestError::Refused(format!("HTTP {status}: {}", String::from_utf8_lossy(&body))))
+        }
+    }
+}
+
+impl Requester for EtcdJsonLoad {
+    async fn set(&self, slot: usize, key: Vec<u8>, value: &[u8]) -> Result<(), RequestError> {
+        let body = format!(r#"{{"key":"{}","value":"{}"}}"#, BASE64.encode(key), BASE64.encode(value));
+        self.post(slot, &self.put_url, body).await.map(drop)
+    }
+
+    async fn get(&self, slot: usize, key: Vec<u8>, local: bool) -> Result<(), RequestError> {
+        let body = format!(r#"{{"key":"{}","serializable":{local}}}"#, BASE64.encode(key));
+        let answer = self.post(slot, &self.range_url, body).await?;
+        // The gateway leaves out empty fields: no `kvs`, no value.
+        if answer.windows(6).any(|w| w == br#""kvs":"#) {
+            Ok(())
+        } else {
+            Err(RequestError::Refused("the key has no value".into()))
         }
     }
 }

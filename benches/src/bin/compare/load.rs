@@ -33,18 +33,61 @@ impl fmt::Display for RequestError {
     }
 }
 
-/// One way of writing a key: over MQTT to the state store (or the echo responder), or over
-/// HTTP to etcd. `slot` names the in-flight slot, which decides the connection used.
-pub trait Requester: Send + Sync + 'static {
-    fn set(&self, slot: usize, key: Vec<u8>, value: &[u8]) -> impl Future<Output = Result<(), RequestError>> + Send;
+/// What a workload asks: a write, or a read of a key written before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Set,
+    /// The target's default read: linearizable (the cluster, etcd's Range; NATS KV's get and the
+    /// echo responder as they are).
+    Get,
+    /// The read a client opts into that answers from the state of the server it reaches,
+    /// possibly stale (etcd: a serializable Range).
+    GetLocal,
 }
 
-/// The keys and values written. Values are random bytes (incompressible), drawn from a small
+impl Op {
+    /// The name in the tables and CSV.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Set => "SET",
+            Op::Get => "GET",
+            Op::GetLocal => "GET-local",
+        }
+    }
+}
+
+/// One way of writing and reading a key: over MQTT to the state store (or the echo responder),
+/// over gRPC (or the JSON gateway) to etcd, or to a NATS KV bucket. `slot` names the in-flight
+/// slot, which decides the connection used.
+pub trait Requester: Send + Sync + 'static {
+    fn set(&self, slot: usize, key: Vec<u8>, value: &[u8]) -> impl Future<Output = Result<(), RequestError>> + Send;
+    /// Reads `key`, which was written before: a read that finds no value is an error. With
+    /// `local`, the target's local read ([`Op::GetLocal`]).
+    fn get(&self, slot: usize, key: Vec<u8>, local: bool) -> impl Future<Output = Result<(), RequestError>> + Send;
+}
+
+/// Sends `op` for `key` (with `value` for a SET).
+async fn send<R: Requester>(
+    requester: &R,
+    op: Op,
+    slot: usize,
+    key: Vec<u8>,
+    value: &[u8],
+) -> Result<(), RequestError> {
+    match op {
+        Op::Set => requester.set(slot, key, value).await,
+        Op::Get => requester.get(slot, key, false).await,
+        Op::GetLocal => requester.get(slot, key, true).await,
+    }
+}
+
+/// The keys and values written (or read, by a GET workload). Values are random bytes (incompressible), drawn from a small
 /// pool made once so that making them costs nothing during the run.
 pub struct Workload {
     keys: Keys,
     values: Vec<Vec<u8>>,
     issued: AtomicU64,
+    op: Op,
 }
 
 enum Keys {
@@ -56,22 +99,43 @@ enum Keys {
     /// Uniformly drawn from the keys `Sequential(n)` writes, without end: overwrites of a filled
     /// store.
     RandomFilled(u64),
+    /// `key-0` .. `key-{n-1}`, each once: every key `Random(n)` draws, written before it is read.
+    Every(u64),
 }
 
 const VALUE_POOL: usize = 64;
 
 impl Workload {
+    fn new(keys: Keys, value_size: usize) -> Workload {
+        Workload { keys, values: values(value_size), issued: AtomicU64::new(0), op: Op::Set }
+    }
+
     pub fn random_keys(keys: u64, value_size: usize) -> Workload {
-        Workload { keys: Keys::Random(keys.max(1)), values: values(value_size), issued: AtomicU64::new(0) }
+        Workload::new(Keys::Random(keys.max(1)), value_size)
     }
 
     pub fn distinct_keys(keys: u64, value_size: usize) -> Workload {
-        Workload { keys: Keys::Sequential(keys), values: values(value_size), issued: AtomicU64::new(0) }
+        Workload::new(Keys::Sequential(keys), value_size)
     }
 
     /// Overwrites of the keys a `distinct_keys(keys, ..)` fill wrote, drawn at random.
     pub fn random_filled(keys: u64, value_size: usize) -> Workload {
-        Workload { keys: Keys::RandomFilled(keys.max(1)), values: values(value_size), issued: AtomicU64::new(0) }
+        Workload::new(Keys::RandomFilled(keys.max(1)), value_size)
+    }
+
+    /// One write of every key `random_keys(keys, ..)` draws, then no more: the prefill that a
+    /// GET workload reads.
+    pub fn every_key(keys: u64, value_size: usize) -> Workload {
+        Workload::new(Keys::Every(keys.max(1)), value_size)
+    }
+
+    /// The same keys, asked with `op` instead of SET.
+    pub fn with_op(self, op: Op) -> Workload {
+        Workload { op, ..self }
+    }
+
+    pub fn op(&self) -> Op {
+        self.op
     }
 
     /// The next key and value to write; `None` once every distinct key has been issued.
@@ -82,6 +146,8 @@ impl Workload {
             Keys::Sequential(keys) if n < keys => format!("fill-{n:010}"),
             Keys::Sequential(_) => return None,
             Keys::RandomFilled(keys) => format!("fill-{:010}", fastrand::u64(..keys)),
+            Keys::Every(keys) if n < keys => format!("key-{n}"),
+            Keys::Every(_) => return None,
         };
         Some((key.into_bytes(), &self.values[n as usize % self.values.len()]))
     }
@@ -98,6 +164,14 @@ pub struct LoadHandle {
 }
 
 impl LoadHandle {
+    /// Waits until the workload has run out (every distinct key issued) and every request sent
+    /// has been answered or timed out.
+    pub async fn join(mut self) {
+        for task in std::mem::take(&mut self.tasks) {
+            let _ = task.await;
+        }
+    }
+
     /// Stops sending and waits until every request sent has been answered or timed out.
     pub async fn finish(mut self) {
         self.stop.store(true, Ordering::Relaxed);
@@ -132,7 +206,7 @@ pub fn start_closed<R: Requester>(
                 while !stop.load(Ordering::Relaxed) {
                     let Some((key, value)) = workload.next() else { break };
                     let sent = Instant::now();
-                    let outcome = requester.set(slot, key, value).await;
+                    let outcome = send(&*requester, workload.op(), slot, key, value).await;
                     recorder.record(sent, outcome);
                 }
             })
@@ -169,8 +243,9 @@ pub fn start_open<R: Requester>(
                 let value = value.to_vec();
                 let (requester, recorder) = (requester.clone(), recorder.clone());
                 let slot = n as usize % OPEN_LOOP_SLOTS;
+                let op = workload.op();
                 requests.spawn(async move {
-                    let outcome = requester.set(slot, key, &value).await;
+                    let outcome = send(&*requester, op, slot, key, &value).await;
                     recorder.record(scheduled, outcome);
                 });
                 while requests.try_join_next().is_some() {}
@@ -202,5 +277,10 @@ mod tests {
             let (key, _) = random.next().unwrap();
             assert!([&b"key-0"[..], b"key-1", b"key-2"].contains(&key.as_slice()));
         }
+        let every = Workload::every_key(3, 4);
+        let written: Vec<Vec<u8>> = std::iter::from_fn(|| every.next().map(|(k, _)| k)).collect();
+        assert_eq!(written, [&b"key-0"[..], b"key-1", b"key-2"], "each key random_keys(3) draws, once");
+        let reads = Workload::random_keys(3, 4).with_op(Op::Get);
+        assert_eq!((reads.op(), Workload::random_keys(3, 4).op()), (Op::Get, Op::Set));
     }
 }

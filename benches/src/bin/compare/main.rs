@@ -11,7 +11,8 @@
 //!   responders), [`cluster`] (three `statestore` nodes), [`etcd`], [`nats`]; [`proxy`] cuts
 //!   node links.
 //! - [`load`]: closed and open loops over a [`load::Requester`]: [`mqtt_load`] (as the Rust SDK
-//!   sends), [`etcd::EtcdLoad`] (the JSON gateway) or [`nats::NatsLoad`] (KV puts).
+//!   sends), [`etcd::EtcdLoad`] (gRPC; [`etcd::EtcdJsonLoad`] the JSON gateway) or
+//!   [`nats::NatsLoad`] (KV puts and gets).
 //! - [`stats`]: latencies and counts; [`report`]: tables, CSV, progress; [`svg`]: charts.
 //! - [`processes`]: child processes that are always stopped, CPU and memory from /proc.
 
@@ -108,11 +109,12 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
     let limit = common.time_limit.unwrap_or(2 * mode.planned_secs(targets.len()) + 300);
     let mut run = Run::new(setup, out, targets.clone(), common.keys, common.value_size);
     run.say(format!(
-        "compare {} at {} on {} cores: targets {}; SET of {}-byte values on {}; message expiry {} s, timeout {} s",
+        "compare {} at {} on {} cores: targets {}; {} of {}-byte values on {}; message expiry {} s, timeout {} s",
         mode.name(),
         utc_stamp(now_secs()),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         targets.iter().map(|t| t.name()).collect::<Vec<_>>().join(","),
+        if matches!(mode, Mode::Sweep { .. }) { "SET, then GET," } else { "SET" },
         common.value_size,
         match mode {
             Mode::Fill { .. } => "distinct keys".to_string(),
@@ -133,7 +135,7 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
         run.say(format!("node binary: {} (built {built})", run.setup.nodes_binary.display()));
     }
     let requested = common.targets.clone().unwrap_or_else(|| mode.default_targets());
-    if requested.contains(&TargetKind::Etcd) && !targets.contains(&TargetKind::Etcd) {
+    if requested.iter().any(|t| t.is_etcd()) && !targets.iter().any(|t| t.is_etcd()) {
         run.say(format!("etcd: skipped, {} does not exist (apt-get install -y etcd-server)", common.etcd.display()));
     }
     if requested.contains(&TargetKind::Nats) && !targets.contains(&TargetKind::Nats) {
@@ -145,7 +147,7 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
         match &mode {
             Mode::Sweep { levels, secs, warmup, rounds, .. } => {
                 let (warmup, length) = (Duration::from_secs(*warmup), Duration::from_secs(*secs));
-                modes::sweep(&mut run, levels, warmup, length, *rounds as usize).await.map(drop)
+                modes::sweep(&mut run, levels, warmup, length, *rounds as usize, true).await.map(drop)
             }
             Mode::Rate { rate, secs, warmup, .. } => {
                 let (warmup, length) = (Duration::from_secs(*warmup), Duration::from_secs(*secs));
@@ -205,7 +207,7 @@ fn choose_targets(mode: &Mode) -> anyhow::Result<Vec<TargetKind>> {
     let mut targets = Vec::new();
     for target in common.targets.clone().unwrap_or_else(|| mode.default_targets()) {
         let installed = match target {
-            TargetKind::Etcd => common.etcd.is_file(),
+            TargetKind::Etcd | TargetKind::EtcdJson => common.etcd.is_file(),
             TargetKind::Nats => common.nats.is_file(),
             TargetKind::Echo | TargetKind::Cluster => true,
         };

@@ -17,7 +17,7 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions};
 use rumqttc::{NetworkOptions, Outgoing};
 use statestore_protocol::topic::REQUEST_TOPIC;
-use statestore_protocol::{Hlc, Set, MAX_CLOCK_DRIFT_MS};
+use statestore_protocol::{Get, Hlc, Set, MAX_CLOCK_DRIFT_MS};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -79,7 +79,7 @@ pub struct RequestOptions {
     pub message_expiry_secs: u32,
 }
 
-/// A set of MQTT connections sending SET requests the way the SDK does.
+/// A set of MQTT connections sending SET and GET requests the way the SDK does.
 pub struct MqttLoad {
     connections: Vec<Connection>,
     /// The application clock: one per process in the SDK, shared by its clients.
@@ -105,8 +105,8 @@ impl MqttLoad {
         Ok(clock.to_string())
     }
 
-    /// Checks an answer as the SDK would for a SET: status 200 and `+OK`.
-    fn judge(&self, answer: Answer) -> Result<(), RequestError> {
+    /// Checks an answer as the SDK would: status 200 (the payload is left to the caller).
+    fn judge(&self, answer: &Answer) -> Result<(), RequestError> {
         let property =
             |name: &str| answer.properties.user_properties.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
         if let Some(version) = property("__ts").and_then(|ts| ts.parse::<Hlc>().ok()) {
@@ -120,16 +120,12 @@ impl MqttLoad {
                 return Err(RequestError::Refused(format!("__stat={} {message}", status.unwrap_or("missing"))));
             }
         }
-        if answer.payload.as_ref() == b"+OK\r\n" {
-            Ok(())
-        } else {
-            Err(RequestError::Refused(String::from_utf8_lossy(&answer.payload).trim_end().to_string()))
-        }
+        Ok(())
     }
-}
 
-impl Requester for MqttLoad {
-    async fn set(&self, slot: usize, key: Vec<u8>, value: &[u8]) -> Result<(), RequestError> {
+    /// Sends one request with `payload` (a RESP3 command) on the connection of `slot` and waits
+    /// for its answer, judged for its status.
+    async fn call(&self, slot: usize, payload: Vec<u8>) -> Result<Answer, RequestError> {
         let connection = &self.connections[(slot / SLOTS_PER_CONNECTION) % self.connections.len()];
         let correlation = Bytes::copy_from_slice(&fastrand::u128(..).to_be_bytes());
         let properties = PublishProperties {
@@ -146,7 +142,6 @@ impl Requester for MqttLoad {
             ],
             ..Default::default()
         };
-        let payload = Set::new(key, value).encode();
         let (answer_tx, answer_rx) = oneshot::channel();
         connection.waiting.lock().unwrap().insert(correlation.clone(), answer_tx);
         let forget = || connection.waiting.lock().unwrap().remove(&correlation);
@@ -167,12 +162,38 @@ impl Requester for MqttLoad {
             }
         }
         match tokio::time::timeout(self.options.timeout, answer_rx).await {
-            Ok(Ok(answer)) => self.judge(answer),
+            Ok(Ok(answer)) => self.judge(&answer).map(|()| answer),
             Ok(Err(_)) => Err(RequestError::Send("the connection closed".into())),
             Err(_) => {
                 forget();
                 Err(RequestError::Timeout)
             }
+        }
+    }
+}
+
+impl Requester for MqttLoad {
+    /// A SET succeeds with `+OK`.
+    async fn set(&self, slot: usize, key: Vec<u8>, value: &[u8]) -> Result<(), RequestError> {
+        let answer = self.call(slot, Set::new(key, value).encode()).await?;
+        if answer.payload.as_ref() == b"+OK\r\n" {
+            Ok(())
+        } else {
+            Err(RequestError::Refused(String::from_utf8_lossy(&answer.payload).trim_end().to_string()))
+        }
+    }
+
+    /// A GET (linearizable: the store has no local read over MQTT) succeeds with a value; a nil
+    /// (the key is missing) or an error is a failure. The echo responder's `+OK` passes.
+    async fn get(&self, slot: usize, key: Vec<u8>, local: bool) -> Result<(), RequestError> {
+        if local {
+            return Err(RequestError::Send("the state store has no local read over MQTT".into()));
+        }
+        let answer = self.call(slot, Get { key }.encode()).await?;
+        match answer.payload.first() {
+            Some(b'$') if !answer.payload.starts_with(b"$-1") => Ok(()),
+            Some(b'+') => Ok(()),
+            _ => Err(RequestError::Refused(String::from_utf8_lossy(&answer.payload).trim_end().to_string())),
         }
     }
 }

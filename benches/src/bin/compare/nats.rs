@@ -8,6 +8,10 @@
 //! quorum has it in its file store, and syncs those files to disk every two minutes, not per write
 //! (etcd and the state store fsync a quorum before they answer).
 //!
+//! A GET is what a NATS KV client's get is on a bucket that allows direct gets (as `nats kv add`
+//! makes it): a request to `$JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>`, answered with
+//! the last message of that subject (headers, then the value) by any of the stream's replicas.
+//!
 //! The client speaks the NATS text protocol itself (`PUB` out, `MSG` in): connections shared by
 //! [`SLOTS_PER_CONNECTION`] in-flight slots, each request answered on its own reply subject.
 
@@ -186,15 +190,54 @@ impl NatsLoad {
     }
 }
 
-impl Requester for NatsLoad {
-    async fn set(&self, slot: usize, key: Vec<u8>, value: &[u8]) -> Result<(), RequestError> {
-        let connection = &self.connections[(slot / SLOTS_PER_CONNECTION) % self.connections.len()];
-        let key = std::str::from_utf8(&key).map_err(|_| RequestError::Send("the key is not UTF-8".into()))?;
-        connection.request(&format!("$KV.{BUCKET}.{key}"), value, self.timeout).await
+impl NatsLoad {
+    fn connection(&self, slot: usize) -> &Connection {
+        &self.connections[(slot / SLOTS_PER_CONNECTION) % self.connections.len()]
     }
 }
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<(), RequestError>>>>>;
+impl Requester for NatsLoad {
+    async fn set(&self, slot: usize, key: Vec<u8>, value: &[u8]) -> Result<(), RequestError> {
+        let key = std::str::from_utf8(&key).map_err(|_| RequestError::Send("the key is not UTF-8".into()))?;
+        let answer = self.connection(slot).request(&format!("$KV.{BUCKET}.{key}"), value, self.timeout).await?;
+        acknowledged(&answer)
+    }
+
+    /// A direct get of the key's last value (any replica answers; NATS KV has no other read).
+    async fn get(&self, slot: usize, key: Vec<u8>, local: bool) -> Result<(), RequestError> {
+        if local {
+            return Err(RequestError::Send("NATS KV has no separate local read".into()));
+        }
+        let key = std::str::from_utf8(&key).map_err(|_| RequestError::Send("the key is not UTF-8".into()))?;
+        let subject = format!("$JS.API.DIRECT.GET.KV_{BUCKET}.$KV.{BUCKET}.{key}");
+        let answer = self.connection(slot).request(&subject, b"", self.timeout).await?;
+        found(&answer)
+    }
+}
+
+/// A JetStream acknowledgement succeeds without an `"error"` member.
+fn acknowledged(answer: &[u8]) -> Result<(), RequestError> {
+    if contains(answer, b"\"error\"") {
+        Err(RequestError::Refused(String::from_utf8_lossy(answer).into_owned()))
+    } else {
+        Ok(())
+    }
+}
+
+/// A direct get's answer holds a message when its headers carry no status (a missing key is
+/// `NATS/1.0 404 Message Not Found`).
+fn found(answer: &[u8]) -> Result<(), RequestError> {
+    if answer.starts_with(b"NATS/1.0\r\n") {
+        Ok(())
+    } else {
+        let first = answer.split(|b| *b == b'\r').next().unwrap_or_default();
+        Err(RequestError::Refused(String::from_utf8_lossy(first).into_owned()))
+    }
+}
+
+/// What the reader hands a waiting request: the answer's body (headers and payload), or why
+/// there is none.
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Vec<u8>, RequestError>>>>>;
 
 /// One client connection: a writer task that sends what is queued in one write, a reader task
 /// that hands each answer to the request waiting for it.
@@ -251,7 +294,8 @@ impl Connection {
     /// acknowledged or `deadline` passes; the error says why the last try failed.
     async fn request_until(&self, subject: &str, payload: &[u8], deadline: Instant) -> anyhow::Result<()> {
         loop {
-            let last = match self.request(subject, payload, Duration::from_secs(5)).await {
+            let outcome = self.request(subject, payload, Duration::from_secs(5)).await;
+            let last = match outcome.and_then(|answer| acknowledged(&answer)) {
                 Ok(()) => return Ok(()),
                 Err(e) => e,
             };
@@ -262,9 +306,9 @@ impl Connection {
         }
     }
 
-    /// Publishes `payload` to `subject` and waits for its acknowledgement: a reply without an
-    /// `"error"` member.
-    async fn request(&self, subject: &str, payload: &[u8], timeout: Duration) -> Result<(), RequestError> {
+    /// Publishes `payload` to `subject` with a reply subject and waits for the reply: its body
+    /// (headers, if any, then payload).
+    async fn request(&self, subject: &str, payload: &[u8], timeout: Duration) -> Result<Vec<u8>, RequestError> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (answered, answer) = oneshot::channel();
         self.pending.lock().unwrap().insert(id, answered);
@@ -304,7 +348,7 @@ async fn handshake(port: u16) -> anyhow::Result<(String, BufReader<OwnedReadHalf
     }
     let inbox = format!("_INBOX.{:016x}", fastrand::u64(..));
     let hello = format!(
-        "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":false,\"lang\":\"rust\",\"version\":\"0\",\
+        "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":true,\"lang\":\"rust\",\"version\":\"0\",\
          \"protocol\":1}}\r\nSUB {inbox}.* 1\r\nPING\r\n"
     );
     write.write_all(hello.as_bytes()).await?;
@@ -349,8 +393,9 @@ async fn read_answers(
         }
         let mut words = line.split_ascii_whitespace();
         match words.next() {
-            Some("MSG") => {
-                // MSG <subject> <sid> [reply-to] <#bytes>
+            Some("MSG" | "HMSG") => {
+                // MSG <subject> <sid> [reply-to] <#bytes>, or
+                // HMSG <subject> <sid> [reply-to] <#header bytes> <#total bytes>
                 let words: Vec<&str> = words.collect();
                 let (Some(subject), Some(size)) = (words.first(), words.last()) else {
                     bail!("malformed MSG line {line:?}");
@@ -362,13 +407,7 @@ async fn read_answers(
                 let Some(waiter) = id.and_then(|id| pending.lock().unwrap().remove(&id)) else {
                     continue; // an answer nobody waits for any more (timed out)
                 };
-                let body = &payload[..size];
-                let outcome = if contains(body, b"\"error\"") {
-                    Err(RequestError::Refused(String::from_utf8_lossy(body).into_owned()))
-                } else {
-                    Ok(())
-                };
-                let _ = waiter.send(outcome);
+                let _ = waiter.send(Ok(payload[..size].to_vec()));
             }
             Some("PING") => {
                 // Dropped when the queue is full: the server then closes the connection, and
@@ -403,7 +442,14 @@ mod tests {
 
     #[test]
     fn an_acknowledgement_with_an_error_member_is_a_refusal() {
-        assert!(contains(br#"{"error":{"code":503,"description":"no leader"}}"#, b"\"error\""));
-        assert!(!contains(br#"{"stream":"KV_compare","seq":7}"#, b"\"error\""));
+        assert!(acknowledged(br#"{"error":{"code":503,"description":"no leader"}}"#).is_err());
+        assert!(acknowledged(br#"{"stream":"KV_compare","seq":7}"#).is_ok());
+    }
+
+    #[test]
+    fn a_direct_get_finds_a_message_only_without_a_status() {
+        assert!(found(b"NATS/1.0\r\nNats-Stream: KV_compare\r\nNats-Sequence: 3\r\n\r\nvalue").is_ok());
+        let missing = found(b"NATS/1.0 404 Message Not Found\r\n\r\n").unwrap_err();
+        assert!(missing.to_string().contains("404 Message Not Found"), "{missing}");
     }
 }

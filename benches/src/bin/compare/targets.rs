@@ -1,6 +1,7 @@
 //! The things compared, started and stopped the same way: `echo` (the broker alone),
-//! `cluster` (three state store nodes), `etcd` (three etcd members) and `nats` (three NATS
-//! servers with a replicated key-value bucket). Each target gets a fresh
+//! `cluster` (three state store nodes), `etcd` (three etcd members, over gRPC; `etcd-json`: the
+//! same through the JSON gateway) and `nats` (three NATS servers with a replicated key-value
+//! bucket). Each target gets a fresh
 //! broker (MQTT targets), fresh data directories and fresh client connections.
 
 use std::collections::BTreeMap;
@@ -11,8 +12,8 @@ use std::sync::Arc;
 use crate::broker::{self, Broker};
 use crate::cluster::{self, StatestoreCluster};
 use crate::echo::EchoResponder;
-use crate::etcd::{EtcdCluster, EtcdLoad};
-use crate::load::{RequestError, Requester};
+use crate::etcd::{EtcdCluster, EtcdJsonLoad, EtcdLoad};
+use crate::load::{Op, RequestError, Requester};
 use crate::mqtt_load::{MqttLoad, RequestOptions};
 use crate::nats::{NatsCluster, NatsLoad};
 use crate::proxy::ProxyMesh;
@@ -21,19 +22,43 @@ use crate::proxy::ProxyMesh;
 pub enum TargetKind {
     Echo,
     Cluster,
+    /// etcd through its gRPC API, as its users call it.
     Etcd,
+    /// etcd through its v3 JSON gateway (grpc-gateway): not how its users call it; an option, to
+    /// show what the gateway's translation costs.
+    EtcdJson,
     Nats,
 }
 
 impl TargetKind {
+    /// The targets measured unless `--targets` says otherwise.
     pub const ALL: [TargetKind; 4] = [TargetKind::Echo, TargetKind::Cluster, TargetKind::Etcd, TargetKind::Nats];
+    /// Every target, in the order tables list them.
+    pub const EVERY: [TargetKind; 5] =
+        [TargetKind::Echo, TargetKind::Cluster, TargetKind::Etcd, TargetKind::EtcdJson, TargetKind::Nats];
 
     pub fn name(self) -> &'static str {
         match self {
             TargetKind::Echo => "echo",
             TargetKind::Cluster => "cluster",
             TargetKind::Etcd => "etcd",
+            TargetKind::EtcdJson => "etcd-json",
             TargetKind::Nats => "nats",
+        }
+    }
+
+    /// Whether the target is an etcd cluster (over either API).
+    pub fn is_etcd(self) -> bool {
+        matches!(self, TargetKind::Etcd | TargetKind::EtcdJson)
+    }
+
+    /// The reads a sweep measures on the target: its default GET, and its local read where a
+    /// client can ask for one (etcd's serializable Range). The state store's local read
+    /// (`?consistency=local`) is offered over HTTP only, not over MQTT.
+    pub fn reads(self) -> &'static [Op] {
+        match self {
+            TargetKind::Etcd | TargetKind::EtcdJson => &[Op::Get, Op::GetLocal],
+            TargetKind::Echo | TargetKind::Cluster | TargetKind::Nats => &[Op::Get],
         }
     }
 }
@@ -61,6 +86,7 @@ pub struct Setup {
 pub enum Client {
     Mqtt(MqttLoad),
     Etcd(EtcdLoad),
+    EtcdJson(EtcdJsonLoad),
     Nats(NatsLoad),
 }
 
@@ -69,7 +95,17 @@ impl Requester for Client {
         match self {
             Client::Mqtt(load) => load.set(slot, key, value).await,
             Client::Etcd(load) => load.set(slot, key, value).await,
+            Client::EtcdJson(load) => load.set(slot, key, value).await,
             Client::Nats(load) => load.set(slot, key, value).await,
+        }
+    }
+
+    async fn get(&self, slot: usize, key: Vec<u8>, local: bool) -> Result<(), RequestError> {
+        match self {
+            Client::Mqtt(load) => load.get(slot, key, local).await,
+            Client::Etcd(load) => load.get(slot, key, local).await,
+            Client::EtcdJson(load) => load.get(slot, key, local).await,
+            Client::Nats(load) => load.get(slot, key, local).await,
         }
     }
 }
@@ -128,12 +164,16 @@ impl Target {
                     broker: Some(broker),
                 })
             }
-            TargetKind::Etcd => {
+            TargetKind::Etcd | TargetKind::EtcdJson => {
                 let etcd = EtcdCluster::start(&setup.etcd_binary, &dir, &setup.logs).await?;
-                let client = EtcdLoad::new(etcd.leader_put_url().await?, slots, setup.request.timeout)?;
+                let leader = etcd.leader_url().await?;
+                let client = match kind {
+                    TargetKind::Etcd => Client::Etcd(EtcdLoad::connect(&leader, slots, setup.request.timeout).await?),
+                    _ => Client::EtcdJson(EtcdJsonLoad::new(&leader, slots, setup.request.timeout)?),
+                };
                 Ok(Target {
                     kind,
-                    client: Arc::new(Client::Etcd(client)),
+                    client: Arc::new(client),
                     echo: None,
                     cluster: None,
                     etcd: Some(etcd),

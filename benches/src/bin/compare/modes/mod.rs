@@ -289,7 +289,10 @@ async fn measure_closed(
 ) -> anyhow::Result<Measured> {
     let recorder = Arc::new(Recorder::new(Instant::now() + warmup, length, false));
     let load = crate::load::start_closed(target.client.clone(), workload.clone(), inflight, recorder.clone());
-    let label = format!("{} {inflight} in flight", target.kind);
+    let label = match workload.op() {
+        crate::load::Op::Set => format!("{} {inflight} in flight", target.kind),
+        op => format!("{} {} {inflight} in flight", target.kind, op.name()),
+    };
     let measured = measure_window(target, load, &recorder, length, &label, &mut run.progress).await?;
     run.progress.line(&format!("{label}: {}", measured.brief()));
     Ok(measured)

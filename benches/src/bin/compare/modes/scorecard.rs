@@ -254,7 +254,8 @@ pub async fn scorecard(run: &mut Run, plan: Plan) -> anyhow::Result<()> {
     let only = |kinds: &[TargetKind]| all.iter().copied().filter(|k| kinds.contains(k)).collect::<Vec<_>>();
 
     step(run, "sweep", &logs, all.clone());
-    let sweep = super::sweep(run, &LEVELS, plan.warmup, plan.length, plan.rounds).await;
+    // SET only: the scorecard judges writes, and reads would double its sweep.
+    let sweep = super::sweep(run, &LEVELS, plan.warmup, plan.length, plan.rounds, false).await;
     figures.sweep = settle(run, "sweep", sweep);
 
     step(run, "rate", &logs, only(&[TargetKind::Cluster, TargetKind::Etcd]));

@@ -1,18 +1,29 @@
 //! `sweep`: closed loops at several in-flight levels on every target; throughput, latency and
-//! CPU side by side, and the ratios the project tracks. With several rounds the whole sweep is
-//! repeated, the targets' order rotated each round, and the ratios are reported per round and as
-//! medians across rounds.
+//! CPU side by side, and the ratios the project tracks. Each target is measured with SET, then
+//! (unless the caller leaves reads out) every key is written once and the same levels are
+//! measured with the target's GET, and its local read where it has one. With several rounds the
+//! whole sweep is repeated, the targets' order rotated each round, and the ratios are reported
+//! per round and as medians across rounds. Last, the cluster's SET p50 at 1 in flight is set
+//! beside its floor: the echo responder's p50 at 1 in flight plus one WAL-like fsync of this
+//! machine's disk, measured after the targets have stopped.
 
+use std::io::Write as _;
+use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
 
 use super::{measure_closed, median, round_order, Measured, Run};
-use crate::load::Workload;
+use crate::load::{Op, Workload};
 use crate::report::{self, Table};
+use crate::stats::Recorder;
 use crate::svg::{self, Chart, Line};
 use crate::targets::{Target, TargetKind};
 
-const CSV_HEADERS: [&str; 16] = [
+/// The columns of `sweep.csv`; `op` (SET, GET, GET-local) comes last, so the earlier columns
+/// keep their places.
+const CSV_HEADERS: [&str; 17] = [
     "target",
     "inflight",
     "ops_per_s",
@@ -29,11 +40,13 @@ const CSV_HEADERS: [&str; 16] = [
     "leader_requests_per_fsync",
     "round",
     "elections",
+    "op",
 ];
 
 struct Row {
     round: usize,
     kind: TargetKind,
+    op: Op,
     inflight: usize,
     measured: Measured,
 }
@@ -82,14 +95,15 @@ pub struct SweepFigures {
     pub elections: u64,
 }
 
+/// The sweep; with `reads`, each target's reads after its SETs.
 pub async fn sweep(
     run: &mut Run,
     levels: &[usize],
     warmup: Duration,
     length: Duration,
     rounds: usize,
+    reads: bool,
 ) -> anyhow::Result<SweepFigures> {
-    let workload = Arc::new(Workload::random_keys(run.keys, run.value_size));
     let mut rows = Vec::new();
     for round in 1..=rounds {
         for kind in round_order(&run.targets, round) {
@@ -98,8 +112,8 @@ pub async fn sweep(
             } else {
                 run.progress.line(&format!("{kind}: starting"));
             }
-            let sweep = Sweep { round, kind, levels, warmup, length };
-            if let Err(error) = sweep_target(run, &sweep, &workload, &mut rows).await {
+            let sweep = Sweep { round, kind, levels, warmup, length, reads };
+            if let Err(error) = sweep_target(run, &sweep, &mut rows).await {
                 run.failed(kind, error);
             }
         }
@@ -114,22 +128,59 @@ struct Sweep<'a> {
     levels: &'a [usize],
     warmup: Duration,
     length: Duration,
+    reads: bool,
 }
 
-async fn sweep_target(
-    run: &mut Run,
-    sweep: &Sweep<'_>,
-    workload: &Arc<Workload>,
-    rows: &mut Vec<Row>,
-) -> anyhow::Result<()> {
+/// Requests in flight while every key is written before the reads (on the connections the
+/// levels use: slots beyond them share those).
+const PREFILL_INFLIGHT: usize = 64;
+
+async fn sweep_target(run: &mut Run, sweep: &Sweep<'_>, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let most = sweep.levels.iter().copied().max().unwrap_or(1);
     let mut target = Target::start(sweep.kind, &run.setup, most, false).await?;
-    for &inflight in sweep.levels {
-        let measured = measure_closed(run, &mut target, workload, inflight, sweep.warmup, sweep.length).await?;
-        rows.push(Row { round: sweep.round, kind: sweep.kind, inflight, measured });
-        // Written after every level, so an interrupted run keeps what it measured.
-        write_csv(run, rows)?;
+    let mut ops = vec![Op::Set];
+    if sweep.reads {
+        ops.extend_from_slice(sweep.kind.reads());
     }
+    for op in ops {
+        if op == Op::Get {
+            prefill(run, &target, PREFILL_INFLIGHT).await?;
+        }
+        let workload = Arc::new(Workload::random_keys(run.keys, run.value_size).with_op(op));
+        for &inflight in sweep.levels {
+            let measured = measure_closed(run, &mut target, &workload, inflight, sweep.warmup, sweep.length).await?;
+            rows.push(Row { round: sweep.round, kind: sweep.kind, op, inflight, measured });
+            // Written after every level, so an interrupted run keeps what it measured.
+            write_csv(run, rows)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes every key the reads draw from, once, so that each read finds a value; fails on any
+/// error (a read of a key never written would count as one).
+async fn prefill(run: &mut Run, target: &Target, inflight: usize) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let recorder = Arc::new(Recorder::new(started, Duration::from_secs(24 * 3600), false));
+    let workload = Arc::new(Workload::every_key(run.keys, run.value_size));
+    let slots = inflight.min(run.keys.max(1) as usize);
+    run.progress.update(&format!("{}: writing the {} keys the reads draw from", target.kind, run.keys));
+    crate::load::start_closed(target.client.clone(), workload, slots, recorder.clone()).join().await;
+    let recording = recorder.snapshot();
+    if recording.errors > 0 {
+        bail!(
+            "{} of the {} writes before the reads failed, first: {}",
+            recording.errors,
+            run.keys,
+            recording.error_samples.first().map_or("", String::as_str)
+        );
+    }
+    run.progress.line(&format!(
+        "{}: {} keys written for the reads in {:.1} s",
+        target.kind,
+        recording.answered,
+        started.elapsed().as_secs_f64()
+    ));
     Ok(())
 }
 
@@ -156,6 +207,7 @@ fn write_csv(run: &Run, rows: &[Row]) -> anyhow::Result<()> {
                 m.requests_per_fsync.map(report::csv_number).unwrap_or_default(),
                 row.round.to_string(),
                 m.elections.map(|n| n.to_string()).unwrap_or_default(),
+                row.op.name().to_string(),
             ]
         })
         .collect();
@@ -166,8 +218,9 @@ fn find(points: &[Point], round: usize, kind: TargetKind, inflight: usize) -> Op
     points.iter().find(|p| p.round == round && p.kind == kind && p.inflight == inflight)
 }
 
-/// The targets the cluster's throughput is compared with, in the ratio tables' column order.
-const RATIO_TARGETS: [TargetKind; 3] = [TargetKind::Etcd, TargetKind::Echo, TargetKind::Nats];
+/// The targets the cluster's throughput is compared with, in the ratio tables' column order
+/// (`etcd-json` only when it was measured).
+const RATIO_TARGETS: [TargetKind; 4] = [TargetKind::Etcd, TargetKind::EtcdJson, TargetKind::Echo, TargetKind::Nats];
 
 /// The cluster's ops/s over `other`'s at `inflight` in `round`.
 fn ops_ratio(points: &[Point], round: usize, other: TargetKind, inflight: usize) -> Option<f64> {
@@ -197,7 +250,7 @@ fn growth(points: &[Point], round: usize, kind: TargetKind) -> Option<f64> {
 /// (the wait at 256 over the wait at 64 that Little's law alone gives), and the p99 ratio.
 fn from_64_to_256(points: &[Point], rounds: usize) -> Option<String> {
     let rows: Vec<Vec<String>> = (1..=rounds)
-        .flat_map(|round| TargetKind::ALL.into_iter().map(move |kind| (round, kind)))
+        .flat_map(|round| TargetKind::EVERY.into_iter().map(move |kind| (round, kind)))
         .filter_map(|(round, kind)| {
             let (grown, tail) = (growth(points, round, kind)?, tail_ratio(points, round, kind)?);
             Some(vec![
@@ -250,7 +303,7 @@ fn figures(rows: &[Row], points: &[Point], rounds: usize) -> SweepFigures {
         echo_tail: median((1..=rounds).filter_map(|round| tail_ratio(points, round, TargetKind::Echo))),
         growth: median((1..=rounds).filter_map(|round| growth(points, round, TargetKind::Cluster))),
         fewest_per_fsync: cluster()
-            .filter(|row| row.inflight == 64)
+            .filter(|row| row.op == Op::Set && row.inflight == 64)
             .filter_map(|row| row.measured.requests_per_fsync)
             .min_by(f64::total_cmp),
         errors: cluster().map(|row| row.measured.errors).sum(),
@@ -261,6 +314,7 @@ fn figures(rows: &[Row], points: &[Point], rounds: usize) -> SweepFigures {
 fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyhow::Result<SweepFigures> {
     let mut headers = vec![
         "target",
+        "op",
         "in flight",
         "ops/s",
         "p50 ms",
@@ -284,6 +338,7 @@ fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyho
         let (bench, broker, servers, total) = m.cpu_split();
         let mut cells = vec![
             row.kind.to_string(),
+            row.op.name().to_string(),
             row.inflight.to_string(),
             report::ops(m.ops),
             report::decimal(m.latency.p50),
@@ -303,21 +358,38 @@ fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyho
         }
         table.row(cells);
     }
-    run.say(
-        "sweep: closed loop, SET of random keys; CPU in CPU-seconds per second (2 cores = 2.00); \
-         others = other processes on the machine meanwhile (noise when well above 0)",
-    );
+    let operations = if rows.iter().any(|row| row.op != Op::Set) {
+        "SET, then (every key written first) GET: linearizable (cluster over MQTT, etcd's default \
+         Range over gRPC), NATS KV's direct get, the echo responder's +OK; GET-local: etcd's \
+         serializable Range (the member's own state, possibly stale; the state store's local read \
+         is HTTP-only, not measured here)"
+    } else {
+        "SET"
+    };
+    run.say(format!(
+        "sweep: closed loop over random keys, {operations}; CPU in CPU-seconds per second (2 cores = \
+         2.00); others = other processes on the machine meanwhile (noise when well above 0)"
+    ));
     run.say(table.render());
     for row in rows {
-        for note in row.measured.notes(&format!("{} {} in flight", row.kind, row.inflight)) {
+        let label = match row.op {
+            Op::Set => format!("{} {} in flight", row.kind, row.inflight),
+            op => format!("{} {} {} in flight", row.kind, op.name(), row.inflight),
+        };
+        for note in row.measured.notes(&label) {
             run.say(note);
         }
     }
 
-    let points: Vec<Point> = rows.iter().map(Row::point).collect();
+    // The ratios, the tails and the chart are of SET, as the project's targets are.
+    let points: Vec<Point> = rows.iter().filter(|row| row.op == Op::Set).map(Row::point).collect();
     let rounds_list: Vec<usize> = (1..=rounds).collect();
+    let ratio_targets: Vec<TargetKind> = RATIO_TARGETS
+        .into_iter()
+        .filter(|&kind| kind != TargetKind::EtcdJson || points.iter().any(|p| p.kind == kind))
+        .collect();
     let ratio_headers: Vec<String> =
-        RATIO_TARGETS.iter().map(|other| format!("cluster/{} ops", other.name())).collect();
+        ratio_targets.iter().map(|other| format!("cluster/{} ops", other.name())).collect();
     let headers = |leading: &[&'static str]| -> Vec<String> {
         leading.iter().map(|h| h.to_string()).chain(ratio_headers.iter().cloned()).collect()
     };
@@ -326,7 +398,7 @@ fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyho
         for &round in &rounds_list {
             for &level in levels {
                 let mut row = vec![round.to_string(), level.to_string()];
-                row.extend(RATIO_TARGETS.iter().map(|&other| decimal3(ops_ratio(&points, round, other, level))));
+                row.extend(ratio_targets.iter().map(|&other| decimal3(ops_ratio(&points, round, other, level))));
                 per_round.row(row);
             }
         }
@@ -337,7 +409,7 @@ fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyho
     for &level in levels {
         let median_of = |other| median(rounds_list.iter().filter_map(|&round| ops_ratio(&points, round, other, level)));
         let mut row = vec![level.to_string()];
-        row.extend(RATIO_TARGETS.iter().map(|&other| decimal3(median_of(other))));
+        row.extend(ratio_targets.iter().map(|&other| decimal3(median_of(other))));
         ratios.row(row);
     }
     run.say(if rounds > 1 { format!("\nratios, median of {rounds} rounds") } else { "\nratios".to_string() });
@@ -361,8 +433,78 @@ fn report(run: &mut Run, levels: &[usize], rounds: usize, rows: &[Row]) -> anyho
         run.say(table);
     }
 
+    if let Some(floor) = floor(run, rows)? {
+        run.say(floor);
+    }
+
     std::fs::write(run.out.join("sweep.svg"), chart(levels, &medians_per_level(&points)))?;
     Ok(figures(rows, &points, rounds))
+}
+
+/// Writes and fdatasyncs measured for the floor.
+const FSYNC_SAMPLES: usize = 200;
+/// Bytes per write: one WAL append of a small entry, rounded to a page.
+const FSYNC_BYTES: usize = 4096;
+
+/// The floor of a request at 1 in flight and the cluster beside it: the echo responder's SET p50
+/// at 1 in flight (the MQTT path alone) plus the median time to append 4 KiB to a file and
+/// fdatasync it on the output directory's disk (one WAL write; the leader's own fsync is the least
+/// a durable write waits for). Medians across rounds; also saved as `floor.csv`. `None` when no
+/// level was 1 in flight.
+fn floor(run: &Run, rows: &[Row]) -> anyhow::Result<Option<String>> {
+    let p50_at_1 = |kind: TargetKind| {
+        median(
+            rows.iter()
+                .filter(|row| row.kind == kind && row.op == Op::Set && row.inflight == 1)
+                .map(|row| row.measured.latency.p50),
+        )
+    };
+    if !rows.iter().any(|row| row.inflight == 1) {
+        return Ok(None);
+    }
+    let (Some(echo), Some(cluster)) = (p50_at_1(TargetKind::Echo), p50_at_1(TargetKind::Cluster)) else {
+        return Ok(Some("\nfloor at 1 in flight: not measured (needs echo and cluster at 1 in flight)".into()));
+    };
+    let fsync = tokio::task::block_in_place(|| fsync_median_ms(&run.out, FSYNC_SAMPLES))?;
+    let floor = echo + fsync;
+    let ratio = cluster / floor;
+    report::write_csv(
+        &run.out.join("floor.csv"),
+        &["echo_p50_ms", "fsync_p50_ms", "floor_ms", "cluster_p50_ms", "cluster_over_floor"],
+        &[vec![
+            report::csv_number(echo),
+            report::csv_number(fsync),
+            report::csv_number(floor),
+            report::csv_number(cluster),
+            report::csv_number(ratio),
+        ]],
+    )?;
+    Ok(Some(format!(
+        "\nfloor at 1 in flight: echo SET p50 {} ms + one {FSYNC_BYTES}-byte append and fdatasync {} ms \
+         (median of {FSYNC_SAMPLES} on this disk) = {} ms; cluster SET p50 at 1 in flight {} ms = {ratio:.2} x the floor",
+        report::decimal(echo),
+        report::decimal(fsync),
+        report::decimal(floor),
+        report::decimal(cluster),
+    )))
+}
+
+/// The median time, in ms, of `samples` appends of [`FSYNC_BYTES`] to a new file in `dir`, each
+/// followed by fdatasync (as a WAL appends and syncs); the file is removed afterwards.
+fn fsync_median_ms(dir: &Path, samples: usize) -> anyhow::Result<f64> {
+    let mut file = tempfile::Builder::new()
+        .prefix(".fsync-probe-")
+        .tempfile_in(dir)
+        .with_context(|| format!("a file to fsync in {}", dir.display()))?;
+    let block: Vec<u8> = (0..FSYNC_BYTES).map(|_| fastrand::u8(..)).collect();
+    let mut times = Vec::with_capacity(samples);
+    for _ in 0..samples.max(1) {
+        let started = Instant::now();
+        file.write_all(&block)?;
+        file.as_file().sync_data()?;
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    median(times).context("no fsync measured")
 }
 
 /// Ops/s and p99 against the in-flight level (levels evenly spaced), one line per target.
@@ -370,7 +512,7 @@ fn chart(levels: &[usize], points: &[Point]) -> String {
     let x_ticks: Vec<(f64, String)> = levels.iter().enumerate().map(|(i, l)| (i as f64, l.to_string())).collect();
     let position = |inflight: usize| levels.iter().position(|l| *l == inflight).unwrap_or(0) as f64;
     let lines = |value: &dyn Fn(&Point) -> f64| {
-        TargetKind::ALL
+        TargetKind::EVERY
             .iter()
             .filter(|kind| points.iter().any(|p| p.kind == **kind))
             .map(|kind| Line {
@@ -397,6 +539,14 @@ mod tests {
 
     fn point(round: usize, kind: TargetKind, inflight: usize, ops: f64, p99: f64) -> Point {
         Point { round, kind, inflight, ops, p99 }
+    }
+
+    #[test]
+    fn the_fsync_probe_times_appends_and_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let ms = fsync_median_ms(dir.path(), 5).unwrap();
+        assert!(ms > 0.0 && ms.is_finite(), "{ms}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the probe's file is removed");
     }
 
     #[test]
