@@ -203,6 +203,16 @@ fn open_backing(path: &Path, flags: i32, create: Option<u32>) -> io::Result<File
     options.open(path)
 }
 
+/// What a `setattr` changes.
+struct Changes {
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    size: Option<u64>,
+    atime: Option<TimeOrNow>,
+    mtime: Option<TimeOrNow>,
+}
+
 /// The file system. Mount it with [`crate::PowerCutMount`].
 pub(crate) struct PowerCutFs {
     pub(crate) shared: Arc<Shared>,
@@ -216,17 +226,8 @@ impl PowerCutFs {
         }
     }
 
-    fn setattr_inner(
-        &self,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        fh: Option<FileHandle>,
-    ) -> Result<FileAttr, Errno> {
+    fn setattr_inner(&self, ino: INodeNo, changes: Changes, fh: Option<FileHandle>) -> Result<FileAttr, Errno> {
+        let Changes { mode, uid, gid, size, atime, mtime } = changes;
         let path = self.shared.path(ino)?;
         if let Some(mode) = mode {
             fs::set_permissions(&path, fs::Permissions::from_mode(mode & 0o7777)).map_err(Errno::from)?;
@@ -368,7 +369,7 @@ impl Filesystem for PowerCutFs {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        match self.setattr_inner(ino, mode, uid, gid, size, atime, mtime, fh) {
+        match self.setattr_inner(ino, Changes { mode, uid, gid, size, atime, mtime }, fh) {
             Ok(attr) => reply.attr(&TTL, &attr),
             Err(errno) => reply.error(errno),
         }

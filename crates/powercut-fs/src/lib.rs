@@ -131,10 +131,34 @@ impl PowerCutMount {
 
     /// Unmounts (done on drop too); unsynced writes stay held until a [`PowerCutMount::cut`].
     pub fn unmount(&mut self) -> io::Result<()> {
-        match self.session.take() {
-            Some(session) => session.umount_and_join(),
-            None => Ok(()),
+        let Some(session) = self.session.take() else { return Ok(()) };
+        // The kernel may still be closing the files of a process just killed: busy for a moment.
+        let path = std::ffi::CString::new(self.mountpoint.as_os_str().as_encoded_bytes())
+            .map_err(|_| io::Error::other("a mount point with a NUL byte"))?;
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            // SAFETY: a valid C string.
+            if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
+                break;
+            }
+            let error = io::Error::last_os_error();
+            match error.raw_os_error() {
+                Some(libc::EBUSY) if std::time::Instant::now() < until => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                // Not mounted (any more): the session ends all the same.
+                Some(libc::EINVAL) | Some(libc::ENOENT) => break,
+                _ => {
+                    self.session = Some(session);
+                    return Err(io::Error::new(
+                        error.kind(),
+                        format!("unmounting {}: {error}", self.mountpoint.display()),
+                    ));
+                }
+            }
         }
+        // Unmounted: the session's threads end, and its own unmount finds nothing left to do.
+        session.join()
     }
 }
 

@@ -137,9 +137,18 @@ fn a_torn_cut_keeps_a_prefix_of_whole_sectors() {
         assert_eq!(&content[..100], &[7u8; 100]);
         assert_eq!(&content[100..], &written[..content.len() - 100]);
         assert!(
-            content.len() == 4100 || content.len() == 100 || content.len() as u64 % SECTOR == 0,
+            content.len() == 4100 || content.len() == 100 || (content.len() as u64).is_multiple_of(SECTOR),
             "{}",
             content.len()
         );
     }
+}
+
+#[test]
+fn a_dropped_mount_is_unmounted() {
+    let rig = Rig::new();
+    let mountpoint = rig.mount.mountpoint().to_string_lossy().into_owned();
+    assert!(fs::read_to_string("/proc/self/mounts").unwrap().contains(&mountpoint));
+    drop(rig);
+    assert!(!fs::read_to_string("/proc/self/mounts").unwrap().contains(&mountpoint));
 }
