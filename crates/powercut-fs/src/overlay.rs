@@ -108,10 +108,13 @@ impl Overlay {
     /// Writes everything pending to `backing`, in order, and forgets it (the caller syncs the
     /// file). On an error what was not written stays pending.
     pub fn persist(&mut self, backing: &File) -> io::Result<()> {
-        while let Some((at, data)) = self.writes.first() {
-            backing.write_all_at(data, *at)?;
-            self.writes.remove(0);
+        for (done, (at, data)) in self.writes.iter().enumerate() {
+            if let Err(e) = backing.write_all_at(data, *at) {
+                self.writes.drain(..done);
+                return Err(e);
+            }
         }
+        self.writes.clear();
         Ok(())
     }
 

@@ -1,63 +1,19 @@
-//! The fault-injection suite: three real node processes and a real Mosquitto; concurrent MQTT
-//! clients (shaped as the SDKs send) run SET, SET NX, SET NEX (a lease's holder renewing it with
-//! the value it wrote last), GET, SCAN (of a pattern only one key matches), DEL and VDEL on a few
-//! keys, a quarter
-//! of the writes with `PX` (100 ms to 3 s, so values lapse among the calls), and record every
-//! call, while faults come one after another. Half the keys are fenced: writes to them carry a
-//! fencing token (`__ft`), mostly a fresh one, sometimes a stale one or none, so the store's
-//! token checks are part of every history.
-//!
-//! - `kill`: the leader is killed with SIGKILL and started again a second later;
-//! - `kill-all`: every node is killed with SIGKILL, one right after the other, and all are
-//!   started again a second later (a whole cluster losing power, as far as a process can);
-//! - `pause`: the leader is stopped with SIGSTOP for 1–6 s, then continued;
-//! - `partition-leader` / `partition-follower`: a node is cut off from its peers for 3 s (every
-//!   Raft link goes through a TCP proxy the suite cuts) while it keeps its broker;
-//! - `broker`: the leader's link to the broker is cut for 3 s;
-//! - `disk`: the leader's `fsync`s stall for 3 s (a preloaded library makes them wait,
-//!   `common::disk`);
-//! - `clock`: a follower is restarted with its wall clock 30 s ahead for 6 s, then restarted
-//!   with the true time;
-//! - `clock-leader`: the leader's wall clock jumps 30 s ahead or 90 s behind (beyond the 60 s a
-//!   request's timestamp may lead) while it runs, and back after 6 s;
-//! - `slow-leader`: every byte to and from the leader's peers is held 200–1,000 ms (more than
-//!   the lease) for 4 s, in order, as over a congested link: nothing is lost, all of it is late;
-//! - `slow-broker`: the same for the leader's link to the broker.
-//!
-//! Every node runs under libfaketime (Debian `faketime`), which reads the node's clock offset
-//! from a file the suite rewrites (again every second).
-//!
-//! A watcher has registered for every key's notifications (`KEYNOTIFY`) before the calls begin;
-//! a second one too, which stops watching every key (`KEYNOTIFY … STOP`) halfway through.
-//!
-//! Then every fault is healed, every key read once more, and the histories checked: each key's
-//! history is linearizable (calls without an answer may have happened or not), so no
-//! acknowledged write is lost; no scan lists a key its pattern does not match; versions of
-//! acknowledged writes to a key rise in real-time order;
-//! every acknowledged write reached the watcher as a notification with its version, and no write
-//! that was refused did; no write invoked after a key's STOP was answered reached the second
-//! watcher; every node is ready again. The longest time without any answer around
-//! each fault is reported.
-//!
-//! `cargo test --release -p statestore-node --test faults` runs the short mode (150 s);
-//! `FAULTS_SECS=1800` runs the long one; `FAULTS_KINDS=pause,kill` picks the faults;
-//! `FAULTS_KEEP_LOGS=DIR` keeps every node's log there; `FAULTS_LONG_GAP_MS` (2000) is how long
-//! a cycle without any answer must be to be named in the report.
-
-mod checker;
-#[path = "../common/mod.rs"]
-mod common;
+//! The workload, the faults and the checks of the fault-injection suite (`faults/main.rs`),
+//! shared with the power-cut suite (`power_cut.rs`), which runs the same clients and checks
+//! with every node's data directory on a file system that loses what was not synced
+//! (`statestore-powercut-fs`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use checker::{Answer, Call, Condition, Op, Token, Verdict};
-use common::broker::Broker;
-use common::disk::FaultyDisks;
-use common::gate::{Gate, PeerLinks};
-use common::mqtt::RawClient;
-use common::{timestamp, Cluster};
+use crate::checker::{Answer, Call, Condition, Op, Token, Verdict};
+use crate::common::broker::Broker;
+use crate::common::disk::FaultyDisks;
+use crate::common::gate::{Gate, PeerLinks};
+use crate::common::mqtt::RawClient;
+use crate::common::{timestamp, Cluster};
+use statestore_powercut_fs::{Cut, PowerCutMount};
 use statestore_protocol::topic::hex_upper;
 use statestore_protocol::{
     Command, Del, Get, Hlc, KeyNotify, Notification, Response, Scan, Set, SetCondition, StoreError, VDel,
@@ -76,7 +32,7 @@ const CHECK_BUDGET_PER_OP: usize = 200;
 const THINK_TIME_MS: u64 = 15;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Fault {
+pub enum Fault {
     Kill,
     KillAll,
     Pause,
@@ -88,10 +44,16 @@ enum Fault {
     ClockLeader,
     SlowLeader,
     SlowBroker,
+    /// One node (the leader and a follower in turn) killed and its file system's unsynced
+    /// writes dropped (or, half the time, torn in whole sectors), then started again.
+    PowerCut,
+    /// The same for every node at once.
+    PowerCutAll,
 }
 
 impl Fault {
-    const ALL: [Fault; 11] = [
+    /// The faults the fault-injection suite runs by default.
+    pub const ALL: [Fault; 11] = [
         Fault::Kill,
         Fault::KillAll,
         Fault::Pause,
@@ -105,7 +67,15 @@ impl Fault {
         Fault::SlowBroker,
     ];
 
-    fn name(self) -> &'static str {
+    /// The power cuts, which need the nodes' data directories on the power-cut file system.
+    pub const POWER_CUTS: [Fault; 2] = [Fault::PowerCutAll, Fault::PowerCut];
+
+    /// The fault a name (as [`Fault::name`] gives it) names.
+    pub fn named(name: &str) -> Option<Fault> {
+        Fault::ALL.into_iter().chain(Fault::POWER_CUTS).find(|f| f.name() == name.trim())
+    }
+
+    pub fn name(self) -> &'static str {
         match self {
             Fault::Kill => "kill",
             Fault::KillAll => "kill-all",
@@ -118,6 +88,8 @@ impl Fault {
             Fault::ClockLeader => "clock-leader",
             Fault::SlowLeader => "slow-leader",
             Fault::SlowBroker => "slow-broker",
+            Fault::PowerCut => "power-cut",
+            Fault::PowerCutAll => "power-cut-all",
         }
     }
 }
@@ -143,19 +115,58 @@ struct Rig {
     /// node → the file its libfaketime reads its clock's offset from (`+0`: the true time).
     clock_offsets: BTreeMap<u64, std::path::PathBuf>,
     http: reqwest::Client,
+    /// What the power cuts did so far.
+    power_cuts: PowerCuts,
+    /// node → the power-cut file system its data directory is on (none unless the run has power
+    /// cuts). Declared after `cluster`, so that the nodes are killed before these unmount.
+    mounts: BTreeMap<u64, PowerCutMount>,
+    /// The backing directories and mount points of `mounts`, removed after them.
+    _mounts_dir: Option<tempfile::TempDir>,
+}
+
+/// What the power cuts of a run did.
+#[derive(Debug, Default)]
+pub struct PowerCuts {
+    /// Cuts of every node at once.
+    pub all: usize,
+    /// Cuts of one node: of a leader, of a follower.
+    pub leader: usize,
+    pub follower: usize,
+    /// Nodes' file systems cut torn (a prefix of the unsynced writes kept in whole sectors).
+    pub torn: usize,
+    /// Unsynced bytes dropped, and kept by torn cuts.
+    pub lost_bytes: u64,
+    pub kept_bytes: u64,
 }
 
 impl Rig {
-    async fn start() -> Rig {
+    /// Starts the broker, the proxies and the nodes; with `power_cuts`, each node's data
+    /// directory is on a power-cut file system of its own.
+    async fn start(power_cuts: bool) -> Rig {
         let broker = Broker::start();
         let mut cluster = Cluster::prepare(NODES, &[]);
+        let (mut mounts, mut mounts_dir) = (BTreeMap::new(), None);
+        if power_cuts {
+            let dir = tempfile::tempdir().unwrap();
+            for (&id, node) in cluster.nodes.iter_mut() {
+                let (backing, mountpoint) =
+                    (dir.path().join(format!("backing-{id}")), dir.path().join(format!("mnt-{id}")));
+                std::fs::create_dir(&backing).unwrap();
+                std::fs::create_dir(&mountpoint).unwrap();
+                let mount = PowerCutMount::mount(&backing, &mountpoint)
+                    .unwrap_or_else(|e| panic!("mounting the power-cut file system at {}: {e}", mountpoint.display()));
+                node.data_dir = mountpoint.join("data");
+                mounts.insert(id, mount);
+            }
+            mounts_dir = Some(dir);
+        }
         let ports: BTreeMap<u64, u16> = cluster.nodes.iter().map(|(id, node)| (*id, node.port)).collect();
         let links = PeerLinks::start(&ports).await;
         let mut broker_links = BTreeMap::new();
         for &id in ports.keys() {
             broker_links.insert(id, Gate::start(broker.port).await);
         }
-        let library = common::disk::faulty_disk_library(cluster.dir.path());
+        let library = crate::common::disk::faulty_disk_library(cluster.dir.path());
         let disks = FaultyDisks { dir: cluster.dir.path().to_path_buf() };
         let mut clock_offsets = BTreeMap::new();
         for (&id, node) in cluster.nodes.iter_mut() {
@@ -163,8 +174,8 @@ impl Rig {
             std::fs::write(&clock_offset, "+0").unwrap();
             node.env = disks.env(&library, id, &node.data_dir);
             let (_, preload) = node.env.iter_mut().find(|(name, _)| name == "LD_PRELOAD").expect("the disk library");
-            *preload = format!("{preload} {}", common::clock::LIBFAKETIME);
-            node.env.extend(common::clock::offset_file_env(&clock_offset));
+            *preload = format!("{preload} {}", crate::common::clock::LIBFAKETIME);
+            node.env.extend(crate::common::clock::offset_file_env(&clock_offset));
             clock_offsets.insert(id, clock_offset);
             node.args = vec![
                 "--broker".into(),
@@ -178,7 +189,80 @@ impl Rig {
         }
         cluster.wait_ready().await;
         let http = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap();
-        Rig { broker, cluster, links, broker_links, disks, clock_offsets, http }
+        Rig {
+            broker,
+            cluster,
+            links,
+            broker_links,
+            disks,
+            clock_offsets,
+            http,
+            power_cuts: PowerCuts::default(),
+            mounts,
+            _mounts_dir: mounts_dir,
+        }
+    }
+
+    /// Cuts the power of `nodes`: each is killed (SIGKILL), then its file system drops what
+    /// it did not sync (torn, keeping a prefix in whole sectors, half the time); after a
+    /// second all are started again. Each must start on its own: one that exits (damage it
+    /// refuses, exit 3, or anything else) would need an operator, and fails the suite.
+    async fn cut_power(&mut self, nodes: &[u64]) -> String {
+        for &id in nodes {
+            self.cluster.kill(id);
+        }
+        let mut what = Vec::new();
+        for &id in nodes {
+            let cut = if fastrand::bool() { Cut::Torn } else { Cut::Clean };
+            let mount = self.mounts.get_mut(&id).expect("power cuts need the nodes on the power-cut file system");
+            let report = mount.cut(cut).unwrap_or_else(|e| panic!("the power cut of node {id}: {e}"));
+            self.power_cuts.torn += usize::from(cut == Cut::Torn);
+            self.power_cuts.lost_bytes += report.lost_bytes;
+            self.power_cuts.kept_bytes += report.kept_bytes;
+            what.push(match cut {
+                Cut::Torn => format!(
+                    "node {id}: {} B of {} files dropped, {} B kept (torn)",
+                    report.lost_bytes, report.files, report.kept_bytes
+                ),
+                Cut::Clean => format!("node {id}: {} B of {} files dropped", report.lost_bytes, report.files),
+            });
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for &id in nodes {
+            self.cluster.spawn(id);
+        }
+        self.wait_started(nodes).await;
+        what.join("; ")
+    }
+
+    /// Waits until every node is ready, failing the suite at once, with its log, when one of
+    /// `restarted` exits instead.
+    async fn wait_started(&mut self, restarted: &[u64]) {
+        let until = Instant::now() + crate::common::DEADLINE;
+        loop {
+            for &id in restarted {
+                let node = self.cluster.nodes.get_mut(&id).unwrap();
+                if let Some(status) = node.child.as_mut().and_then(|child| child.try_wait().ok().flatten()) {
+                    let log = std::fs::read_to_string(&node.log).unwrap_or_default();
+                    let lines: Vec<&str> = log.lines().collect();
+                    panic!(
+                        "node {id} stopped ({status}) after a power cut instead of starting: it needs an operator. Its \
+                         log ends:\n{}",
+                        lines[lines.len().saturating_sub(40)..].join("\n")
+                    );
+                }
+            }
+            let mut ready = true;
+            for id in self.cluster.running() {
+                let answer = self.http.get(format!("{}/ready", self.cluster.url(id))).send().await;
+                ready &= answer.is_ok_and(|r| r.status().is_success());
+            }
+            if ready {
+                return;
+            }
+            assert!(Instant::now() < until, "the nodes are not ready after a power cut\n{}", self.cluster.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// The leader that the nodes answering within 500 ms agree on, waiting up to 30 s.
@@ -220,6 +304,23 @@ impl Rig {
         let leader = self.leader(None).await;
         let follower = (1..=NODES).find(|id| *id != leader).unwrap();
         match fault {
+            Fault::PowerCut => {
+                // The leader and a follower in turn.
+                let (node, role) = if self.power_cuts.leader <= self.power_cuts.follower {
+                    self.power_cuts.leader += 1;
+                    (leader, "leader")
+                } else {
+                    self.power_cuts.follower += 1;
+                    (follower, "follower")
+                };
+                let what = self.cut_power(&[node]).await;
+                format!("node {node} ({role}) lost power, restarted after 1 s: {what}")
+            }
+            Fault::PowerCutAll => {
+                self.power_cuts.all += 1;
+                let what = self.cut_power(&(1..=NODES).collect::<Vec<_>>()).await;
+                format!("every node lost power, all restarted after 1 s (node {leader} led): {what}")
+            }
             Fault::Kill => {
                 self.cluster.kill(leader);
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -545,11 +646,11 @@ static TOKEN_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 /// The fencing token of a write to `key`: none on an unfenced key; on a fenced one mostly a
 /// fresh token, sometimes one 2 s old (which the key's token has likely passed), sometimes none.
 fn fencing_token(key: usize, call: &Call) -> Option<Token> {
-    if key < FENCED_FROM || checker::is_read(call) {
+    if key < FENCED_FROM || crate::checker::is_read(call) {
         return None;
     }
     let counter = TOKEN_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 100_000;
-    let now = common::now_ms();
+    let now = crate::common::now_ms();
     match fastrand::u8(..100) {
         0..80 => Some((now, counter)),
         80..95 => Some((now - 2_000, counter)),
@@ -685,25 +786,43 @@ fn median(values: &mut [u64]) -> u64 {
     values.get(values.len() / 2).copied().unwrap_or(0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
-    let secs: u64 = std::env::var("FAULTS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(150);
-    let kinds: Vec<Fault> = match std::env::var("FAULTS_KINDS") {
-        Ok(list) => list
-            .split(',')
-            .map(|name| *Fault::ALL.iter().find(|f| f.name() == name.trim()).expect("a fault kind"))
-            .collect(),
-        Err(_) => Fault::ALL.to_vec(),
-    };
-    common::clock::assert_libfaketime();
-    let mut rig = Rig::start().await;
+/// How long a run injects faults.
+#[derive(Debug, Clone, Copy)]
+#[allow(dead_code)] // each suite that shares this file runs by one of them
+pub enum Until {
+    /// For this many seconds.
+    Secs(u64),
+    /// This many fault cycles.
+    Cycles(usize),
+}
+
+/// The faults a run injects in turn: those `FAULTS_KINDS` names (`kill,pause`), or else
+/// `default_kinds`.
+pub fn kinds_from_env(default_kinds: &[Fault]) -> Vec<Fault> {
+    match std::env::var("FAULTS_KINDS") {
+        Ok(list) => list.split(',').map(|name| Fault::named(name).expect("a fault kind")).collect(),
+        Err(_) => default_kinds.to_vec(),
+    }
+}
+
+/// Runs the clients while `kinds` of faults come in turn until `until`, then checks the
+/// histories and the notifications and prints the report; panics on any anomaly.
+pub async fn run(kinds: Vec<Fault>, until: Until) {
+    crate::common::clock::assert_libfaketime();
+    let power_cuts = kinds.iter().any(|kind| Fault::POWER_CUTS.contains(kind));
+    let mut rig = Rig::start(power_cuts).await;
     let watcher = watch_every_key(rig.broker.port, "faults-watcher").await;
     let quitter = Arc::new(watch_every_key(rig.broker.port, "faults-quitter").await);
     let started = Instant::now();
+    // The second watcher stops halfway: through the seconds, or through the cycles.
+    let halfway = Arc::new(tokio::sync::Notify::new());
     let stopping = tokio::spawn({
-        let quitter = quitter.clone();
+        let (quitter, halfway) = (quitter.clone(), halfway.clone());
         async move {
-            tokio::time::sleep(Duration::from_secs(secs / 2)).await;
+            match until {
+                Until::Secs(secs) => tokio::time::sleep(Duration::from_secs(secs / 2)).await,
+                Until::Cycles(_) => halfway.notified().await,
+            }
             stop_watching_every_key(&quitter, started).await
         }
     });
@@ -717,12 +836,18 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
     let mut faults: Vec<(Fault, u64, u64)> = Vec::new();
     let mut round = 0;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    while started.elapsed() < Duration::from_secs(secs) {
+    loop {
+        match until {
+            Until::Secs(secs) if started.elapsed() >= Duration::from_secs(secs) => break,
+            Until::Cycles(cycles) if round >= cycles => break,
+            Until::Cycles(cycles) if round == cycles / 2 => halfway.notify_one(),
+            _ => {}
+        }
         let fault = kinds[round % kinds.len()];
         round += 1;
         let from = started.elapsed().as_micros() as u64;
         // The time of day (UTC) as the node logs give it.
-        let day_ms = common::now_ms() % 86_400_000;
+        let day_ms = crate::common::now_ms() % 86_400_000;
         let clock = format!(
             "{:02}:{:02}:{:02}.{:03}",
             day_ms / 3_600_000,
@@ -768,7 +893,7 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
     for key in 0..KEYS {
         let ops: Vec<Op> = records.iter().filter(|r| r.key == key).map(|r| r.op.clone()).collect();
         let budget = (ops.len() * CHECK_BUDGET_PER_OP).max(2_000_000);
-        match checker::check(&ops, budget) {
+        match crate::checker::check(&ops, budget) {
             Verdict::Linearizable => {}
             Verdict::NotLinearizable(why) => anomalies.push(format!("lin-{key} is not linearizable: {why}")),
             Verdict::Undecided => anomalies.push(format!("lin-{key}: undecided within {budget} states")),
@@ -824,7 +949,7 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
     println!(
         "\n{} s, {} calls: {answered} answered ({} fencing token required, {} lower; {} scans listed the key, {} \
          did not), {unanswered} unanswered, {errors} refused with another -ERR",
-        secs,
+        started.elapsed().as_secs(),
         records.len(),
         answered_with(Answer::FencingRequired),
         answered_with(Answer::FencingLower),
@@ -849,6 +974,33 @@ async fn histories_under_faults_are_linearizable_and_nothing_hangs() {
     );
     for anomaly in &anomalies {
         println!("  {anomaly}");
+    }
+    if power_cuts {
+        let cuts = &rig.power_cuts;
+        let restarts = cuts.all * NODES as usize + cuts.leader + cuts.follower;
+        let acknowledged = records.iter().filter(|r| is_write(&r.op)).count();
+        let not_linearizable = anomalies.iter().filter(|a| a.contains("not linearizable")).count();
+        println!(
+            "power cuts: {} of every node, {} of one node ({} of the leader, {} of a follower); {} of the {restarts} \
+             file systems cut torn; {} unsynced bytes dropped, {} kept by tears",
+            cuts.all,
+            cuts.leader + cuts.follower,
+            cuts.leader,
+            cuts.follower,
+            cuts.torn,
+            cuts.lost_bytes,
+            cuts.kept_bytes
+        );
+        println!(
+            "acknowledged writes: {acknowledged}; lost: {}; nodes that needed an operator to start: 0 of {restarts} \
+             restarts; anomalies: {}",
+            if not_linearizable == 0 {
+                "0".to_string()
+            } else {
+                format!("? ({not_linearizable} keys not linearizable)")
+            },
+            anomalies.len()
+        );
     }
     assert!(anomalies.is_empty(), "{}", anomalies.join("\n"));
     for (fault, values) in &gaps {
