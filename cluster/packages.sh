@@ -4,8 +4,9 @@
 # crates the conformance tests use, protobuf-compiler (protoc) for the etcd gRPC client of the
 # benchmarks, mosquitto as the broker, procps for `kill`, curl for the
 # scripts; with `--tests` also prometheus (the scrape test, and the air-gapped Prometheus image)
-# faketime (the clock-offset test runs a node with its wall clock shifted) and python3-paho-mqtt
-# (the test that runs docs/examples/quickstart.py).
+# faketime (the clock-offset test runs a node with its wall clock shifted), python3-paho-mqtt
+# (the test that runs docs/examples/quickstart.py) and fuse3 (the power-cut suite mounts its
+# file system, crates/powercut-fs, through /dev/fuse; fuser needs no libfuse to build).
 # `--check` only reports what is missing (exit 1); without it, missing ones are installed with
 # apt-get (as root, or through sudo).
 #
@@ -16,7 +17,7 @@ PACKAGES=(libclang-dev g++ make pkg-config libssl-dev protobuf-compiler mosquitt
 check=false
 for arg in "$@"; do
   case "$arg" in
-    --tests) PACKAGES+=(prometheus faketime python3 python3-paho-mqtt) ;;
+    --tests) PACKAGES+=(prometheus faketime python3 python3-paho-mqtt fuse3) ;;
     --check) check=true ;;
     *) echo "usage: $0 [--tests] [--check]" >&2; exit 64 ;;
   esac
