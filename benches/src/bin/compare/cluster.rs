@@ -1,5 +1,8 @@
 //! The `cluster` target: three `statestore` node processes on loopback behind the benchmark's
-//! broker, started as cluster/local.sh starts them, with fresh data directories.
+//! broker, started as cluster/local.sh starts them, with fresh data directories. They run closed,
+//! as deployed: every node holds one cluster secret (`--cluster-secret-file`), which Raft and the
+//! guarded routes carry. `cluster-open` starts the same nodes with `--insecure-no-auth` and no
+//! secret, to measure what the secret costs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,6 +19,15 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 const RESTART_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub const NODES: u64 = 3;
+
+/// How the nodes guard Raft and the guarded routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Auth {
+    /// One cluster secret, in a file every node reads (`--cluster-secret-file`).
+    Secret,
+    /// No secret and `--insecure-no-auth`: every route open to whoever reaches the port.
+    Open,
+}
 
 struct Node {
     id: u64,
@@ -36,6 +48,8 @@ pub struct StatestoreCluster {
     /// `--worker-threads` of every node, as `cluster/local.sh` gives it: the three nodes share
     /// the machine's cores. `None` for a binary without the option.
     worker_threads: Option<usize>,
+    /// The file of `--cluster-secret-file` and the secret in it; `None` for an open cluster.
+    secret: Option<(PathBuf, String)>,
 }
 
 /// The HTTP ports of the three nodes, chosen before the nodes start (the partition proxies
@@ -80,6 +94,7 @@ impl StatestoreCluster {
         peer_routes: Vec<Option<String>>,
         dir: &Path,
         logs: &Path,
+        auth: Auth,
     ) -> anyhow::Result<StatestoreCluster> {
         let members = ports
             .iter()
@@ -87,6 +102,17 @@ impl StatestoreCluster {
             .map(|(i, port)| format!("{}=http://127.0.0.1:{port}", i + 1))
             .collect::<Vec<_>>()
             .join(",");
+        let secret = match auth {
+            Auth::Secret => {
+                use base64::Engine;
+                let bytes: Vec<u8> = (0..32).map(|_| fastrand::u8(..)).collect();
+                let text = base64::engine::general_purpose::STANDARD.encode(bytes);
+                let path = dir.join("cluster-secret");
+                std::fs::write(&path, format!("{text}\n")).with_context(|| format!("writing {}", path.display()))?;
+                Some((path, text))
+            }
+            Auth::Open => None,
+        };
         let mut cluster = StatestoreCluster {
             binary: binary.to_path_buf(),
             broker_port,
@@ -96,6 +122,7 @@ impl StatestoreCluster {
             nodes: Vec::new(),
             http: reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?,
             worker_threads: shared_worker_threads(binary),
+            secret,
         };
         for (i, port) in ports.iter().enumerate() {
             let id = i as u64 + 1;
@@ -129,6 +156,12 @@ impl StatestoreCluster {
         if let Some(threads) = self.worker_threads {
             command.arg("--worker-threads").arg(threads.to_string());
         }
+        // Only what is given here: not a secret or an open port from the caller's environment.
+        command.env_remove("STATESTORE_CLUSTER_SECRET").env_remove("STATESTORE_INSECURE_NO_AUTH");
+        match &self.secret {
+            Some((path, _)) => command.arg("--cluster-secret-file").arg(path),
+            None => command.arg("--insecure-no-auth"),
+        };
         if let Some(Some(routes)) = self.peer_routes.get((id - 1) as usize) {
             command.arg("--peer-routes").arg(routes);
         }
@@ -155,6 +188,35 @@ impl StatestoreCluster {
 
     fn url(&self, index: usize, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.nodes[index].port)
+    }
+
+    /// A request to a guarded route of node `index`, with the cluster secret when there is one.
+    fn guarded(&self, client: &reqwest::Client, index: usize, path: &str) -> reqwest::RequestBuilder {
+        let request = client.post(self.url(index, path));
+        match &self.secret {
+            Some((_, secret)) => request.bearer_auth(secret),
+            None => request,
+        }
+    }
+
+    /// Node `index`'s HTTP port on 127.0.0.1.
+    pub fn port(&self, index: usize) -> u16 {
+        self.nodes[index].port
+    }
+
+    /// Node `index`'s process id.
+    pub fn pid(&self, index: usize) -> u32 {
+        self.nodes[index].process.pid()
+    }
+
+    /// Node `index`'s data directory.
+    pub fn data_dir(&self, index: usize) -> &Path {
+        &self.nodes[index].data_dir
+    }
+
+    /// How many nodes the cluster has.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
     }
 
     async fn is_ready(&self, index: usize) -> bool {
@@ -231,7 +293,7 @@ impl StatestoreCluster {
 
     /// `POST /cluster/snapshot` on node `index`: it builds a snapshot in the background.
     pub async fn request_snapshot(&self, index: usize) -> anyhow::Result<()> {
-        let response = self.http.post(self.url(index, "/cluster/snapshot")).send().await?;
+        let response = self.guarded(&self.http, index, "/cluster/snapshot").send().await?;
         if !response.status().is_success() {
             bail!("node {} refused a snapshot: {}", self.nodes[index].id, response.text().await.unwrap_or_default());
         }
@@ -285,7 +347,7 @@ impl StatestoreCluster {
             "timeout_ms": RESTART_TIMEOUT.as_millis() as u64,
         });
         let client = reqwest::Client::builder().timeout(RESTART_TIMEOUT + Duration::from_secs(10)).build()?;
-        let response = client.post(self.url(leader, "/cluster/learners")).json(&body).send().await?;
+        let response = self.guarded(&client, leader, "/cluster/learners").json(&body).send().await?;
         if !response.status().is_success() {
             bail!("adding node {id} as a learner: {}", response.text().await.unwrap_or_default());
         }

@@ -98,6 +98,11 @@ pub struct LoadHandle {
 }
 
 impl LoadHandle {
+    /// A load of `tasks` that stop once `stop` is set.
+    pub fn new(stop: Arc<AtomicBool>, tasks: Vec<JoinHandle<()>>) -> LoadHandle {
+        LoadHandle { stop, tasks }
+    }
+
     /// Stops sending and waits until every request sent has been answered or timed out.
     pub async fn finish(mut self) {
         self.stop.store(true, Ordering::Relaxed);

@@ -1,5 +1,6 @@
 //! The things compared, started and stopped the same way: `echo` (the broker alone),
-//! `cluster` (three state store nodes), `etcd` (three etcd members) and `nats` (three NATS
+//! `cluster` (three state store nodes with a cluster secret), `cluster-open` (the same without
+//! one, `--insecure-no-auth`), `etcd` (three etcd members) and `nats` (three NATS
 //! servers with a replicated key-value bucket). Each target gets a fresh
 //! broker (MQTT targets), fresh data directories and fresh client connections.
 
@@ -23,10 +24,15 @@ pub enum TargetKind {
     Cluster,
     Etcd,
     Nats,
+    /// The cluster without a cluster secret (`--insecure-no-auth`): only named, never a default.
+    ClusterOpen,
 }
 
 impl TargetKind {
     pub const ALL: [TargetKind; 4] = [TargetKind::Echo, TargetKind::Cluster, TargetKind::Etcd, TargetKind::Nats];
+    /// Every kind, `cluster-open` (named only) included, in the order tables list them.
+    pub const EVERY: [TargetKind; 5] =
+        [TargetKind::Echo, TargetKind::Cluster, TargetKind::ClusterOpen, TargetKind::Etcd, TargetKind::Nats];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -34,6 +40,7 @@ impl TargetKind {
             TargetKind::Cluster => "cluster",
             TargetKind::Etcd => "etcd",
             TargetKind::Nats => "nats",
+            TargetKind::ClusterOpen => "cluster-open",
         }
     }
 }
@@ -107,14 +114,15 @@ impl Target {
                     broker: Some(broker),
                 })
             }
-            TargetKind::Cluster => {
+            TargetKind::Cluster | TargetKind::ClusterOpen => {
+                let auth = if kind == TargetKind::Cluster { cluster::Auth::Secret } else { cluster::Auth::Open };
                 let broker = broker::start(&setup.mosquitto, &dir, &setup.logs).await?;
                 let ports = cluster::free_ports();
                 let by_id: BTreeMap<u64, u16> = ports.iter().enumerate().map(|(i, p)| (i as u64 + 1, *p)).collect();
                 let proxies = if partitionable { Some(ProxyMesh::start(&by_id).await?) } else { None };
                 let routes = by_id.keys().map(|id| proxies.as_ref().map(|mesh| mesh.routes_of(*id))).collect();
                 let nodes =
-                    StatestoreCluster::start(&setup.nodes_binary, broker.port, &ports, routes, &dir, &setup.logs)
+                    StatestoreCluster::start(&setup.nodes_binary, broker.port, &ports, routes, &dir, &setup.logs, auth)
                         .await?;
                 let client = MqttLoad::connect(broker.port, slots, setup.request).await?;
                 Ok(Target {
@@ -157,6 +165,16 @@ impl Target {
                 })
             }
         }
+    }
+
+    /// The port of the target's broker (MQTT targets).
+    pub fn broker_port(&self) -> Option<u16> {
+        self.broker.as_ref().map(|broker| broker.port)
+    }
+
+    /// The process id of the target's broker (MQTT targets).
+    pub fn broker_pid(&self) -> Option<u32> {
+        self.broker.as_ref().map(|broker| broker.process.pid())
     }
 
     /// Every process whose CPU counts for this target, the load generator ("bench") first.

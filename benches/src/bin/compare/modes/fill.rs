@@ -276,7 +276,7 @@ fn report(run: &mut Run, to: u64, rounds: usize, steps: &[Step], endings: &[Endi
 
     let mut lines = Vec::new();
     for round in 1..=rounds {
-        for kind in TargetKind::ALL {
+        for kind in TargetKind::EVERY {
             let points: Vec<(f64, f64)> =
                 steps.iter().filter(|s| s.kind == kind && s.round == round).map(|s| (s.keys as f64, s.ops)).collect();
             if !points.is_empty() {
@@ -326,7 +326,7 @@ impl Steadiness {
 /// docs/benchmarks.md), and with several rounds the median of those ratios.
 fn ratio_lines(steps: &[Step], rounds: usize) -> Vec<String> {
     let mut lines = Vec::new();
-    for kind in TargetKind::ALL {
+    for kind in TargetKind::EVERY {
         let mut ratios = Vec::new();
         for round in 1..=rounds {
             let Some(steady) = Steadiness::of(steps.iter().filter(|s| s.kind == kind && s.round == round)) else {

@@ -167,7 +167,9 @@ fn find(points: &[Point], round: usize, kind: TargetKind, inflight: usize) -> Op
 }
 
 /// The targets the cluster's throughput is compared with, in the ratio tables' column order.
-const RATIO_TARGETS: [TargetKind; 3] = [TargetKind::Etcd, TargetKind::Echo, TargetKind::Nats];
+/// `cluster-open` is the same nodes without the cluster secret: its column is what the secret
+/// costs (1.0 when nothing).
+const RATIO_TARGETS: [TargetKind; 4] = [TargetKind::Etcd, TargetKind::Echo, TargetKind::Nats, TargetKind::ClusterOpen];
 
 /// The cluster's ops/s over `other`'s at `inflight` in `round`.
 fn ops_ratio(points: &[Point], round: usize, other: TargetKind, inflight: usize) -> Option<f64> {
@@ -197,7 +199,7 @@ fn growth(points: &[Point], round: usize, kind: TargetKind) -> Option<f64> {
 /// (the wait at 256 over the wait at 64 that Little's law alone gives), and the p99 ratio.
 fn from_64_to_256(points: &[Point], rounds: usize) -> Option<String> {
     let rows: Vec<Vec<String>> = (1..=rounds)
-        .flat_map(|round| TargetKind::ALL.into_iter().map(move |kind| (round, kind)))
+        .flat_map(|round| TargetKind::EVERY.into_iter().map(move |kind| (round, kind)))
         .filter_map(|(round, kind)| {
             let (grown, tail) = (growth(points, round, kind)?, tail_ratio(points, round, kind)?);
             Some(vec![
@@ -370,7 +372,7 @@ fn chart(levels: &[usize], points: &[Point]) -> String {
     let x_ticks: Vec<(f64, String)> = levels.iter().enumerate().map(|(i, l)| (i as f64, l.to_string())).collect();
     let position = |inflight: usize| levels.iter().position(|l| *l == inflight).unwrap_or(0) as f64;
     let lines = |value: &dyn Fn(&Point) -> f64| {
-        TargetKind::ALL
+        TargetKind::EVERY
             .iter()
             .filter(|kind| points.iter().any(|p| p.kind == **kind))
             .map(|kind| Line {
