@@ -670,9 +670,14 @@ fn checks(
     // (RSS allowed, disk allowed) per node, beyond the slack.
     let (rss_budget, disk_budget) = match flood {
         Flood::Dedup => {
-            checks.push(("dedup_bytes peak (MiB)".to_string(), gauge("dedup_bytes") / MIB, MAX_DEDUP_BYTES / MIB));
-            // The records are on disk; memory holds 32 bytes of index per record.
+            // The budget is checked before a record is added: the last one may pass it.
             let request = plan.correlation_bytes as f64 + 256.0;
+            checks.push((
+                "dedup_bytes peak (MiB; the budget + one record)".to_string(),
+                gauge("dedup_bytes") / MIB,
+                (MAX_DEDUP_BYTES + request) / MIB,
+            ));
+            // The records are on disk; memory holds 32 bytes of index per record.
             (MAX_DEDUP_BYTES / request * 32.0, MAX_DEDUP_BYTES + SNAPSHOT_LOG_BYTES + LOGS_KEPT * request)
         }
         Flood::LargeValues => {
