@@ -194,7 +194,8 @@ pub struct FloodsOptions {
 #[derive(Debug, Args)]
 pub struct Common {
     /// Targets to measure, one after another (default: echo,cluster,etcd,nats; fill, partition,
-    /// snapshot and floods: cluster; cluster-open, the cluster without its secret, when named;
+    /// snapshot and floods: cluster; cluster-open, the cluster without its secret, and
+    /// cluster-tls, with TLS between the nodes too, when named;
     /// scorecard: echo,cluster,etcd, its fills, sustained run, snapshots
     /// and partitions on the cluster alone).
     #[arg(long, value_delimiter = ',')]

@@ -87,10 +87,12 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
         Some(path) => path.clone(),
         None => std::env::current_exe()?.with_file_name("statestore"),
     };
-    if targets.iter().any(|t| matches!(t, TargetKind::Cluster | TargetKind::ClusterOpen)) {
+    if targets.iter().any(|t| matches!(t, TargetKind::Cluster | TargetKind::ClusterOpen | TargetKind::ClusterTls)) {
         cluster::check_binary(&nodes_binary, None)?;
     }
-    if targets.iter().any(|t| matches!(t, TargetKind::Echo | TargetKind::Cluster | TargetKind::ClusterOpen))
+    if targets
+        .iter()
+        .any(|t| matches!(t, TargetKind::Echo | TargetKind::Cluster | TargetKind::ClusterOpen | TargetKind::ClusterTls))
         && !common.mosquitto.is_file()
     {
         bail!("{} does not exist (apt-get install -y mosquitto, or pass --mosquitto)", common.mosquitto.display());
@@ -127,7 +129,7 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
         common.message_expiry,
         common.timeout
     ));
-    if targets.iter().any(|t| matches!(t, TargetKind::Cluster | TargetKind::ClusterOpen)) {
+    if targets.iter().any(|t| matches!(t, TargetKind::Cluster | TargetKind::ClusterOpen | TargetKind::ClusterTls)) {
         let built = std::fs::metadata(&run.setup.nodes_binary)
             .and_then(|m| m.modified())
             .map(|t| utc_stamp(t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())))
@@ -225,7 +227,7 @@ fn choose_targets(mode: &Mode) -> anyhow::Result<Vec<TargetKind>> {
         let installed = match target {
             TargetKind::Etcd => common.etcd.is_file(),
             TargetKind::Nats => common.nats.is_file(),
-            TargetKind::Echo | TargetKind::Cluster | TargetKind::ClusterOpen => true,
+            TargetKind::Echo | TargetKind::Cluster | TargetKind::ClusterOpen | TargetKind::ClusterTls => true,
         };
         if !targets.contains(&target) && installed {
             targets.push(target);

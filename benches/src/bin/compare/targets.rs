@@ -1,6 +1,6 @@
 //! The things compared, started and stopped the same way: `echo` (the broker alone),
 //! `cluster` (three state store nodes with a cluster secret), `cluster-open` (the same without
-//! one, `--insecure-no-auth`), `etcd` (three etcd members) and `nats` (three NATS
+//! one, `--insecure-no-auth`), `cluster-tls` (the secret and TLS between the nodes), `etcd` (three etcd members) and `nats` (three NATS
 //! servers with a replicated key-value bucket). Each target gets a fresh
 //! broker (MQTT targets), fresh data directories and fresh client connections.
 
@@ -26,13 +26,21 @@ pub enum TargetKind {
     Nats,
     /// The cluster without a cluster secret (`--insecure-no-auth`): only named, never a default.
     ClusterOpen,
+    /// The cluster with its secret and TLS between the nodes: only named, never a default.
+    ClusterTls,
 }
 
 impl TargetKind {
     pub const ALL: [TargetKind; 4] = [TargetKind::Echo, TargetKind::Cluster, TargetKind::Etcd, TargetKind::Nats];
     /// Every kind, `cluster-open` (named only) included, in the order tables list them.
-    pub const EVERY: [TargetKind; 5] =
-        [TargetKind::Echo, TargetKind::Cluster, TargetKind::ClusterOpen, TargetKind::Etcd, TargetKind::Nats];
+    pub const EVERY: [TargetKind; 6] = [
+        TargetKind::Echo,
+        TargetKind::Cluster,
+        TargetKind::ClusterOpen,
+        TargetKind::ClusterTls,
+        TargetKind::Etcd,
+        TargetKind::Nats,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -41,6 +49,7 @@ impl TargetKind {
             TargetKind::Etcd => "etcd",
             TargetKind::Nats => "nats",
             TargetKind::ClusterOpen => "cluster-open",
+            TargetKind::ClusterTls => "cluster-tls",
         }
     }
 }
@@ -114,8 +123,12 @@ impl Target {
                     broker: Some(broker),
                 })
             }
-            TargetKind::Cluster | TargetKind::ClusterOpen => {
-                let auth = if kind == TargetKind::Cluster { cluster::Auth::Secret } else { cluster::Auth::Open };
+            TargetKind::Cluster | TargetKind::ClusterOpen | TargetKind::ClusterTls => {
+                let auth = match kind {
+                    TargetKind::ClusterOpen => cluster::Auth::Open,
+                    TargetKind::ClusterTls => cluster::Auth::Tls,
+                    _ => cluster::Auth::Secret,
+                };
                 let broker = broker::start(&setup.mosquitto, &dir, &setup.logs).await?;
                 let ports = cluster::free_ports();
                 let by_id: BTreeMap<u64, u16> = ports.iter().enumerate().map(|(i, p)| (i as u64 + 1, *p)).collect();
