@@ -284,10 +284,9 @@ fn gauge_names(flood: Flood) -> Vec<(String, &'static str, &'static str)> {
 
 /// The highest value any node reports of each gauge (NaN when none does).
 async fn read_gauges(cluster: &StatestoreCluster, names: &[(String, &'static str, &'static str)]) -> Vec<f64> {
-    let mut texts = Vec::new();
-    for index in 0..cluster.len() {
-        texts.push(cluster.metrics(index).await);
-    }
+    // At once: a stopped node answers nothing within the client's 2 s.
+    let (a, b, c) = tokio::join!(cluster.metrics(0), cluster.metrics(1), cluster.metrics(2));
+    let texts = [a, b, c];
     names
         .iter()
         .map(|(_, metric, filter)| {
