@@ -16,8 +16,15 @@
 #              a snapshot and a restarted follower installs one (cluster)
 #   scorecard  all of the above in one run (about 30 minutes), then every target of the project
 #              beside its figure: met, missed or not measured (scorecard.csv)
+#   floods     hostile clients (dedup records, large values with a follower stopped, KEYNOTIFY
+#              registrations, slow HTTP connections), each for --flood-secs on a fresh cluster:
+#              RSS, disk and gauges before, at the peak and after, a well-behaved client's p99
+#              quiet and during the flood, and whether each bound held (cluster)
 #
-# Common options: --targets echo,cluster,etcd,nats,etcd-json  --out DIR  --nodes-binary PATH
+# The cluster runs with a cluster secret; --targets cluster,cluster-open compares it with the same
+# nodes without one (--insecure-no-auth): `sweep --levels 16,64 --rounds 3 --targets
+# cluster,cluster-open` gives cluster/cluster-open ops per round and their median.
+# Common options: --targets echo,cluster,cluster-open,etcd,nats,etcd-json  --out DIR  --nodes-binary PATH
 # --keys N  --value-size BYTES  --message-expiry SECS  --timeout SECS  --time-limit SECS.
 # `bash benches/compare.sh MODE --help` lists every option. Results (summary.txt, CSV, SVG,
 # process logs) go to benches/results/<UTC time>-<mode>/ unless --out says otherwise.
@@ -29,10 +36,10 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/statestore-target}"
 
 mode=sweep
 case "${1:-}" in
-  sweep | rate | fill | sustained | partition | snapshot | scorecard) mode="$1"; shift ;;
-  -h | --help | help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  sweep | rate | fill | sustained | partition | snapshot | scorecard | floods) mode="$1"; shift ;;
+  -h | --help | help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   "" | -*) ;;
-  *) echo "compare.sh: unknown mode $1 (sweep, rate, fill, sustained, partition, snapshot, scorecard)" >&2; exit 2 ;;
+  *) echo "compare.sh: unknown mode $1 (sweep, rate, fill, sustained, partition, snapshot, scorecard, floods)" >&2; exit 2 ;;
 esac
 
 if [[ "${COMPARE_SKIP_BUILD:-0}" != 1 ]]; then

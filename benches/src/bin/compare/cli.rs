@@ -108,6 +108,14 @@ pub enum Mode {
         #[command(flatten)]
         options: ScorecardOptions,
     },
+    /// Hostile clients against the store's bounds, each flood on a fresh cluster, with a
+    /// well-behaved client measured quiet and during the flood (cluster only).
+    Floods {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        options: FloodsOptions,
+    },
     /// Internal: the echo target's responders (started by the benchmark itself).
     #[command(hide = true)]
     EchoResponder {
@@ -147,13 +155,49 @@ pub struct ScorecardOptions {
     pub partition_phase_secs: u64,
 }
 
+/// The settings of the floods.
+#[derive(Debug, Args)]
+pub struct FloodsOptions {
+    /// The floods to run, each on a fresh cluster.
+    #[arg(long, value_delimiter = ',', default_value = "dedup,large-values,registrations,slow-http")]
+    pub floods: Vec<crate::modes::Flood>,
+    /// Seconds each flood lasts.
+    #[arg(long, default_value_t = 25)]
+    pub flood_secs: u64,
+    /// Seconds the well-behaved client is measured alone before each flood.
+    #[arg(long, default_value_t = 10)]
+    pub quiet_secs: u64,
+    /// Seconds of sampling after each flood (the slow connections' header timeout is 10 s).
+    #[arg(long, default_value_t = 12)]
+    pub settle_secs: u64,
+    /// SET+GET pairs the well-behaved client has in flight.
+    #[arg(long, default_value_t = 4)]
+    pub good_inflight: usize,
+    /// Requests in flight of the dedup and registration floods.
+    #[arg(long, default_value_t = 64)]
+    pub flood_inflight: usize,
+    /// Requests in flight of the large-value flood.
+    #[arg(long, default_value_t = 8)]
+    pub large_inflight: usize,
+    /// Bytes of correlation data of each dedup flood request (MQTT allows at most 65,535).
+    #[arg(long, default_value_t = 60_000)]
+    pub correlation_bytes: usize,
+    /// Bytes of each value of the large-value flood.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub value_bytes: usize,
+    /// Slow connections to each follower's HTTP port (the node serves 1,024 at once).
+    #[arg(long, default_value_t = 1200)]
+    pub http_connections: usize,
+}
+
 /// Options of every mode.
 #[derive(Debug, Args)]
 pub struct Common {
-    /// Targets to measure, one after another (default: echo,cluster,etcd,nats; fill, partition
-    /// and snapshot: cluster; scorecard: echo,cluster,etcd, its fills, sustained run, snapshots
-    /// and partitions on the cluster alone). etcd is driven over gRPC; etcd-json is etcd driven
-    /// through its JSON gateway instead.
+    /// Targets to measure, one after another (default: echo,cluster,etcd,nats; fill, partition,
+    /// snapshot and floods: cluster; cluster-open, the cluster without its secret, and
+    /// cluster-tls, with TLS between the nodes too, when named; scorecard: echo,cluster,etcd,
+    /// its fills, sustained run, snapshots and partitions on the cluster alone). etcd is driven
+    /// over gRPC; etcd-json is etcd driven through its JSON gateway instead.
     #[arg(long, value_delimiter = ',')]
     pub targets: Option<Vec<TargetKind>>,
     /// Output directory (default benches/results/<UTC time>-<mode>).
@@ -195,6 +239,7 @@ impl Mode {
             Mode::Partition { .. } => "partition",
             Mode::Snapshot { .. } => "snapshot",
             Mode::Scorecard { .. } => "scorecard",
+            Mode::Floods { .. } => "floods",
             Mode::EchoResponder { .. } => "echo-responder",
         }
     }
@@ -207,7 +252,8 @@ impl Mode {
             | Mode::Sustained { common, .. }
             | Mode::Partition { common, .. }
             | Mode::Snapshot { common, .. }
-            | Mode::Scorecard { common, .. } => Some(common),
+            | Mode::Scorecard { common, .. }
+            | Mode::Floods { common, .. } => Some(common),
             Mode::EchoResponder { .. } => None,
         }
     }
@@ -215,7 +261,9 @@ impl Mode {
     /// The targets measured when --targets is not given.
     pub fn default_targets(&self) -> Vec<TargetKind> {
         match self {
-            Mode::Fill { .. } | Mode::Partition { .. } | Mode::Snapshot { .. } => vec![TargetKind::Cluster],
+            Mode::Fill { .. } | Mode::Partition { .. } | Mode::Snapshot { .. } | Mode::Floods { .. } => {
+                vec![TargetKind::Cluster]
+            }
             Mode::Scorecard { .. } => vec![TargetKind::Echo, TargetKind::Cluster, TargetKind::Etcd],
             _ => TargetKind::ALL.to_vec(),
         }
@@ -247,6 +295,9 @@ impl Mode {
                     + (START + o.minutes * 60 + timeout)
                     + (START + o.snapshot_to / 200 + 4 * o.snapshot_phase_secs + 3 * 300 + timeout)
                     + (START + 5 * o.partition_phase_secs + timeout)
+            }
+            Mode::Floods { options: o, .. } => {
+                o.floods.len() as u64 * (START + o.quiet_secs + o.flood_secs + o.settle_secs + 2 * timeout + 30)
             }
             Mode::EchoResponder { .. } => 0,
         }

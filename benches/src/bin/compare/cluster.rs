@@ -1,5 +1,9 @@
 //! The `cluster` target: three `statestore` node processes on loopback behind the benchmark's
-//! broker, started as cluster/local.sh starts them, with fresh data directories.
+//! broker, started as cluster/local.sh starts them, with fresh data directories. They run closed,
+//! as deployed: every node holds one cluster secret (`--cluster-secret-file`), which Raft and the
+//! guarded routes carry. `cluster-open` starts the same nodes with `--insecure-no-auth` and no
+//! secret, to measure what the secret costs; `cluster-tls` adds TLS between the nodes
+//! (`--tls-cert`, `--tls-key`, `--tls-ca`, certificates of a CA made for the run) to the secret.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,6 +20,71 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 const RESTART_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub const NODES: u64 = 3;
+
+/// How the nodes guard Raft and the guarded routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Auth {
+    /// One cluster secret, in a file every node reads (`--cluster-secret-file`).
+    Secret,
+    /// No secret and `--insecure-no-auth`: every route open to whoever reaches the port.
+    Open,
+    /// The secret, and TLS between the nodes with certificates of a CA made for the run.
+    Tls,
+}
+
+/// A CA made for one run and, per node id, the certificate and key it signed for 127.0.0.1
+/// (server and client use), as PEM files in `dir`.
+struct Certificates {
+    ca: PathBuf,
+    /// (certificate, key) of node id i + 1.
+    nodes: Vec<(PathBuf, PathBuf)>,
+}
+
+impl Certificates {
+    fn make(dir: &Path, nodes: usize) -> anyhow::Result<Certificates> {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
+        };
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, "compare CA");
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+        let ca_key = KeyPair::generate()?;
+        let ca_cert = params.self_signed(&ca_key)?;
+        let ca = dir.join("ca.pem");
+        std::fs::write(&ca, ca_cert.pem())?;
+        // Enough for the learners a snapshot run adds.
+        let paths = (1..=nodes + 2)
+            .map(|id| {
+                let mut params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])?;
+                params.distinguished_name.push(DnType::CommonName, format!("node{id}"));
+                params.extended_key_usages =
+                    vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+                let key = KeyPair::generate()?;
+                let cert = params.signed_by(&key, &ca_cert, &ca_key)?;
+                let (cert_path, key_path) = (dir.join(format!("node{id}.pem")), dir.join(format!("node{id}.key")));
+                std::fs::write(&cert_path, cert.pem())?;
+                std::fs::write(&key_path, key.serialize_pem())?;
+                Ok((cert_path, key_path))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Certificates { ca, nodes: paths })
+    }
+
+    /// An HTTP client that trusts only the CA and presents node 1's certificate.
+    fn client(&self, timeout: Duration) -> anyhow::Result<reqwest::Client> {
+        let ca = reqwest::Certificate::from_pem(&std::fs::read(&self.ca)?)?;
+        let (cert, key) = &self.nodes[0];
+        let identity = reqwest::Identity::from_pem(&[std::fs::read(cert)?, std::fs::read(key)?].concat())?;
+        Ok(reqwest::Client::builder()
+            .timeout(timeout)
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca)
+            .identity(identity)
+            .build()?)
+    }
+}
 
 struct Node {
     id: u64,
@@ -36,6 +105,10 @@ pub struct StatestoreCluster {
     /// `--worker-threads` of every node, as `cluster/local.sh` gives it: the three nodes share
     /// the machine's cores. `None` for a binary without the option.
     worker_threads: Option<usize>,
+    /// The file of `--cluster-secret-file` and the secret in it; `None` for an open cluster.
+    secret: Option<(PathBuf, String)>,
+    /// TLS between the nodes (cluster-tls).
+    certificates: Option<Certificates>,
 }
 
 /// The HTTP ports of the three nodes, chosen before the nodes start (the partition proxies
@@ -80,13 +153,34 @@ impl StatestoreCluster {
         peer_routes: Vec<Option<String>>,
         dir: &Path,
         logs: &Path,
+        auth: Auth,
     ) -> anyhow::Result<StatestoreCluster> {
+        let scheme = if auth == Auth::Tls { "https" } else { "http" };
         let members = ports
             .iter()
             .enumerate()
-            .map(|(i, port)| format!("{}=http://127.0.0.1:{port}", i + 1))
+            .map(|(i, port)| format!("{}={scheme}://127.0.0.1:{port}", i + 1))
             .collect::<Vec<_>>()
             .join(",");
+        let certificates = match auth {
+            Auth::Tls => Some(Certificates::make(dir, ports.len()).context("making the TLS certificates")?),
+            Auth::Secret | Auth::Open => None,
+        };
+        let http = match &certificates {
+            Some(certificates) => certificates.client(Duration::from_secs(2))?,
+            None => reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?,
+        };
+        let secret = match auth {
+            Auth::Secret | Auth::Tls => {
+                use base64::Engine;
+                let bytes: Vec<u8> = (0..32).map(|_| fastrand::u8(..)).collect();
+                let text = base64::engine::general_purpose::STANDARD.encode(bytes);
+                let path = dir.join("cluster-secret");
+                std::fs::write(&path, format!("{text}\n")).with_context(|| format!("writing {}", path.display()))?;
+                Some((path, text))
+            }
+            Auth::Open => None,
+        };
         let mut cluster = StatestoreCluster {
             binary: binary.to_path_buf(),
             broker_port,
@@ -94,8 +188,10 @@ impl StatestoreCluster {
             peer_routes,
             logs: logs.to_path_buf(),
             nodes: Vec::new(),
-            http: reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?,
+            http,
             worker_threads: shared_worker_threads(binary),
+            secret,
+            certificates,
         };
         for (i, port) in ports.iter().enumerate() {
             let id = i as u64 + 1;
@@ -129,6 +225,16 @@ impl StatestoreCluster {
         if let Some(threads) = self.worker_threads {
             command.arg("--worker-threads").arg(threads.to_string());
         }
+        // Only what is given here: not a secret or an open port from the caller's environment.
+        command.env_remove("STATESTORE_CLUSTER_SECRET").env_remove("STATESTORE_INSECURE_NO_AUTH");
+        match &self.secret {
+            Some((path, _)) => command.arg("--cluster-secret-file").arg(path),
+            None => command.arg("--insecure-no-auth"),
+        };
+        if let Some(certificates) = &self.certificates {
+            let (cert, key) = certificates.nodes.get((id - 1) as usize).context("a certificate for every node")?;
+            command.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key).arg("--tls-ca").arg(&certificates.ca);
+        }
         if let Some(Some(routes)) = self.peer_routes.get((id - 1) as usize) {
             command.arg("--peer-routes").arg(routes);
         }
@@ -154,7 +260,37 @@ impl StatestoreCluster {
     }
 
     fn url(&self, index: usize, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.nodes[index].port)
+        let scheme = if self.certificates.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}{path}", self.nodes[index].port)
+    }
+
+    /// A request to a guarded route of node `index`, with the cluster secret when there is one.
+    fn guarded(&self, client: &reqwest::Client, index: usize, path: &str) -> reqwest::RequestBuilder {
+        let request = client.post(self.url(index, path));
+        match &self.secret {
+            Some((_, secret)) => request.bearer_auth(secret),
+            None => request,
+        }
+    }
+
+    /// Node `index`'s HTTP port on 127.0.0.1.
+    pub fn port(&self, index: usize) -> u16 {
+        self.nodes[index].port
+    }
+
+    /// Node `index`'s process id.
+    pub fn pid(&self, index: usize) -> u32 {
+        self.nodes[index].process.pid()
+    }
+
+    /// Node `index`'s data directory.
+    pub fn data_dir(&self, index: usize) -> &Path {
+        &self.nodes[index].data_dir
+    }
+
+    /// How many nodes the cluster has.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
     }
 
     async fn is_ready(&self, index: usize) -> bool {
@@ -231,7 +367,7 @@ impl StatestoreCluster {
 
     /// `POST /cluster/snapshot` on node `index`: it builds a snapshot in the background.
     pub async fn request_snapshot(&self, index: usize) -> anyhow::Result<()> {
-        let response = self.http.post(self.url(index, "/cluster/snapshot")).send().await?;
+        let response = self.guarded(&self.http, index, "/cluster/snapshot").send().await?;
         if !response.status().is_success() {
             bail!("node {} refused a snapshot: {}", self.nodes[index].id, response.text().await.unwrap_or_default());
         }
@@ -281,11 +417,14 @@ impl StatestoreCluster {
         self.nodes.push(Node { id, port, data_dir, process });
         let body = serde_json::json!({
             "id": id,
-            "address": format!("http://127.0.0.1:{port}"),
+            "address": format!("{}://127.0.0.1:{port}", if self.certificates.is_some() { "https" } else { "http" }),
             "timeout_ms": RESTART_TIMEOUT.as_millis() as u64,
         });
-        let client = reqwest::Client::builder().timeout(RESTART_TIMEOUT + Duration::from_secs(10)).build()?;
-        let response = client.post(self.url(leader, "/cluster/learners")).json(&body).send().await?;
+        let client = match &self.certificates {
+            Some(certificates) => certificates.client(RESTART_TIMEOUT + Duration::from_secs(10))?,
+            None => reqwest::Client::builder().timeout(RESTART_TIMEOUT + Duration::from_secs(10)).build()?,
+        };
+        let response = self.guarded(&client, leader, "/cluster/learners").json(&body).send().await?;
         if !response.status().is_success() {
             bail!("adding node {id} as a learner: {}", response.text().await.unwrap_or_default());
         }

@@ -164,6 +164,11 @@ pub struct LoadHandle {
 }
 
 impl LoadHandle {
+    /// A load of `tasks` that stop once `stop` is set.
+    pub fn new(stop: Arc<AtomicBool>, tasks: Vec<JoinHandle<()>>) -> LoadHandle {
+        LoadHandle { stop, tasks }
+    }
+
     /// Waits until the workload has run out (every distinct key issued) and every request sent
     /// has been answered or timed out.
     pub async fn join(mut self) {

@@ -88,10 +88,14 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
         Some(path) => path.clone(),
         None => std::env::current_exe()?.with_file_name("statestore"),
     };
-    if targets.contains(&TargetKind::Cluster) {
+    if targets.iter().any(|t| matches!(t, TargetKind::Cluster | TargetKind::ClusterOpen | TargetKind::ClusterTls)) {
         cluster::check_binary(&nodes_binary, None)?;
     }
-    if targets.iter().any(|t| matches!(t, TargetKind::Echo | TargetKind::Cluster)) && !common.mosquitto.is_file() {
+    if targets
+        .iter()
+        .any(|t| matches!(t, TargetKind::Echo | TargetKind::Cluster | TargetKind::ClusterOpen | TargetKind::ClusterTls))
+        && !common.mosquitto.is_file()
+    {
         bail!("{} does not exist (apt-get install -y mosquitto, or pass --mosquitto)", common.mosquitto.display());
     }
     let setup = Setup {
@@ -127,7 +131,7 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
         common.message_expiry,
         common.timeout
     ));
-    if targets.contains(&TargetKind::Cluster) {
+    if targets.iter().any(|t| matches!(t, TargetKind::Cluster | TargetKind::ClusterOpen | TargetKind::ClusterTls)) {
         let built = std::fs::metadata(&run.setup.nodes_binary)
             .and_then(|m| m.modified())
             .map(|t| utc_stamp(t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())))
@@ -170,6 +174,7 @@ async fn run(mode: Mode) -> anyhow::Result<()> {
                 modes::snapshot(&mut run, (*to).max(1), rate.max(1.0), phase).await.map(drop)
             }
             Mode::Scorecard { options, .. } => modes::scorecard(&mut run, scorecard_plan(options)).await,
+            Mode::Floods { options, .. } => modes::floods(&mut run, floods_plan(options)).await,
             Mode::EchoResponder { .. } => Ok(()),
         }
     };
@@ -200,6 +205,21 @@ fn scorecard_plan(options: &cli::ScorecardOptions) -> modes::ScorecardPlan {
     }
 }
 
+fn floods_plan(options: &cli::FloodsOptions) -> modes::FloodsPlan {
+    modes::FloodsPlan {
+        floods: options.floods.clone(),
+        quiet: Duration::from_secs(options.quiet_secs.max(1)),
+        flood: Duration::from_secs(options.flood_secs.max(1)),
+        settle: Duration::from_secs(options.settle_secs),
+        good_inflight: options.good_inflight.max(1),
+        flood_inflight: options.flood_inflight.max(1),
+        large_inflight: options.large_inflight.max(1),
+        correlation_bytes: options.correlation_bytes.clamp(1, 65_535),
+        value_bytes: options.value_bytes.max(1),
+        http_connections: options.http_connections.max(1),
+    }
+}
+
 /// The targets to measure, in the order given, without repeats; etcd and nats are left out (and
 /// noted) when their binaries are missing.
 fn choose_targets(mode: &Mode) -> anyhow::Result<Vec<TargetKind>> {
@@ -209,7 +229,7 @@ fn choose_targets(mode: &Mode) -> anyhow::Result<Vec<TargetKind>> {
         let installed = match target {
             TargetKind::Etcd | TargetKind::EtcdJson => common.etcd.is_file(),
             TargetKind::Nats => common.nats.is_file(),
-            TargetKind::Echo | TargetKind::Cluster => true,
+            TargetKind::Echo | TargetKind::Cluster | TargetKind::ClusterOpen | TargetKind::ClusterTls => true,
         };
         if !targets.contains(&target) && installed {
             targets.push(target);
@@ -221,7 +241,9 @@ fn choose_targets(mode: &Mode) -> anyhow::Result<Vec<TargetKind>> {
     if matches!(mode, Mode::Scorecard { .. }) && !targets.contains(&TargetKind::Cluster) {
         bail!("scorecard mode judges the cluster: --targets must include cluster");
     }
-    if matches!(mode, Mode::Partition { .. } | Mode::Snapshot { .. }) && targets != [TargetKind::Cluster] {
+    if matches!(mode, Mode::Partition { .. } | Mode::Snapshot { .. } | Mode::Floods { .. })
+        && targets != [TargetKind::Cluster]
+    {
         bail!("{} mode measures the cluster only (--targets cluster)", mode.name());
     }
     Ok(targets)

@@ -35,6 +35,9 @@ const OUTGOING_INFLIGHT: u16 = 1000;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What a load sending as many clients subscribes to: every client's `clients/<id>/flood`.
+const MANY_FILTER: &str = "clients/+/flood";
+
 /// The response topic the Rust SDK subscribes to (PROTOCOL.md §1.2).
 pub fn response_topic(client_id: &str) -> String {
     format!("clients/{client_id}/services/{REQUEST_TOPIC}/response")
@@ -70,6 +73,41 @@ struct Connection {
     reader: JoinHandle<()>,
 }
 
+/// A request as [`MqttLoad::request`] sends it: the SDK's envelope, with what a hostile or
+/// unusual client changes.
+#[derive(Debug, Clone, Default)]
+pub struct Envelope {
+    /// Sent as another client (its response topic `clients/<id>/flood` and its `__srcId`); the
+    /// load must have been opened with [`MqttLoad::connect_as_many`].
+    pub client_id: Option<String>,
+    /// Correlation data of this many random bytes instead of the SDK's 16.
+    pub correlation_bytes: Option<usize>,
+    /// Message expiry in seconds instead of the load's.
+    pub message_expiry_secs: Option<u32>,
+}
+
+/// An answer: its `__stat` and `__stMsg` and its RESP payload.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: Option<String>,
+    pub message: Option<String>,
+    pub payload: Bytes,
+}
+
+impl Reply {
+    /// The error this answer stands for, for counting: the RESP error text, or the status.
+    pub fn error(&self) -> Option<String> {
+        if self.status.as_deref() != Some("200") {
+            return Some(format!(
+                "__stat={} {}",
+                self.status.as_deref().unwrap_or("missing"),
+                self.message.as_deref().unwrap_or("")
+            ));
+        }
+        self.payload.strip_prefix(b"-").map(|text| String::from_utf8_lossy(text).trim_end().to_string())
+    }
+}
+
 /// Options of every request.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestOptions {
@@ -97,6 +135,91 @@ impl MqttLoad {
             connections.push(Connection::open(broker_port, format!("compare-{run}-{n}")).await?);
         }
         Ok(MqttLoad { connections, clock: Mutex::new(Hlc::new(now_ms(), 0, uuid_v4())), options })
+    }
+
+    /// Like [`MqttLoad::connect`], but each connection also takes the answers sent to any client
+    /// on `clients/<id>/flood`: requests may then be sent as many made-up clients
+    /// ([`Envelope::client_id`]).
+    pub async fn connect_as_many(broker_port: u16, slots: usize, options: RequestOptions) -> anyhow::Result<MqttLoad> {
+        let count = slots.div_ceil(SLOTS_PER_CONNECTION).max(1);
+        let run = format!("{:08x}", fastrand::u32(..));
+        let mut connections = Vec::with_capacity(count);
+        for n in 0..count {
+            connections.push(Connection::open_for(broker_port, format!("flood-{run}-{n}"), Some(MANY_FILTER)).await?);
+        }
+        Ok(MqttLoad { connections, clock: Mutex::new(Hlc::new(now_ms(), 0, uuid_v4())), options })
+    }
+
+    /// Sends `payload` (a RESP request) on the request topic as `envelope` says, and returns the
+    /// answer, whatever it is.
+    pub async fn request(&self, slot: usize, payload: Vec<u8>, envelope: &Envelope) -> Result<Reply, RequestError> {
+        let connection = &self.connections[(slot / SLOTS_PER_CONNECTION) % self.connections.len()];
+        let correlation = match envelope.correlation_bytes {
+            Some(n) => Bytes::from((0..n.max(1)).map(|_| fastrand::u8(..)).collect::<Vec<u8>>()),
+            None => Bytes::copy_from_slice(&fastrand::u128(..).to_be_bytes()),
+        };
+        let (client_id, response_topic) = match &envelope.client_id {
+            Some(id) => (id.clone(), format!("clients/{id}/flood")),
+            None => (connection.client_id.clone(), connection.response_topic.clone()),
+        };
+        let properties = PublishProperties {
+            response_topic: Some(response_topic),
+            correlation_data: Some(correlation.clone()),
+            message_expiry_interval: Some(envelope.message_expiry_secs.unwrap_or(self.options.message_expiry_secs)),
+            content_type: Some("application/octet-stream".into()),
+            user_properties: vec![
+                ("__srcId".into(), client_id.clone()),
+                ("__ts".into(), self.timestamp()?),
+                ("__protVer".into(), "1.0".into()),
+                ("$partition".into(), client_id),
+                ("$high_priority".into(), String::new()),
+            ],
+            ..Default::default()
+        };
+        let answer = self.exchange(connection, correlation, payload, properties).await?;
+        let property =
+            |name: &str| answer.properties.user_properties.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        if let Some(version) = property("__ts").and_then(|ts| ts.parse::<Hlc>().ok()) {
+            let _ = self.clock.lock().unwrap().update(&version, now_ms(), MAX_CLOCK_DRIFT_MS);
+        }
+        Ok(Reply { status: property("__stat"), message: property("__stMsg"), payload: answer.payload })
+    }
+
+    /// Publishes one request and waits for its answer, within the timeout.
+    async fn exchange(
+        &self,
+        connection: &Connection,
+        correlation: Bytes,
+        payload: Vec<u8>,
+        properties: PublishProperties,
+    ) -> Result<Answer, RequestError> {
+        let (answer_tx, answer_rx) = oneshot::channel();
+        connection.waiting.lock().unwrap().insert(correlation.clone(), answer_tx);
+        let forget = || connection.waiting.lock().unwrap().remove(&correlation);
+        let published = tokio::time::timeout(
+            self.options.timeout,
+            connection.client.publish_with_properties(REQUEST_TOPIC, QoS::AtLeastOnce, false, payload, properties),
+        )
+        .await;
+        match published {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                forget();
+                return Err(RequestError::Send(e.to_string()));
+            }
+            Err(_) => {
+                forget();
+                return Err(RequestError::Timeout);
+            }
+        }
+        match tokio::time::timeout(self.options.timeout, answer_rx).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(_)) => Err(RequestError::Send("the connection closed".into())),
+            Err(_) => {
+                forget();
+                Err(RequestError::Timeout)
+            }
+        }
     }
 
     fn timestamp(&self) -> Result<String, RequestError> {
@@ -142,33 +265,8 @@ impl MqttLoad {
             ],
             ..Default::default()
         };
-        let (answer_tx, answer_rx) = oneshot::channel();
-        connection.waiting.lock().unwrap().insert(correlation.clone(), answer_tx);
-        let forget = || connection.waiting.lock().unwrap().remove(&correlation);
-        let published = tokio::time::timeout(
-            self.options.timeout,
-            connection.client.publish_with_properties(REQUEST_TOPIC, QoS::AtLeastOnce, false, payload, properties),
-        )
-        .await;
-        match published {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                forget();
-                return Err(RequestError::Send(e.to_string()));
-            }
-            Err(_) => {
-                forget();
-                return Err(RequestError::Timeout);
-            }
-        }
-        match tokio::time::timeout(self.options.timeout, answer_rx).await {
-            Ok(Ok(answer)) => self.judge(&answer).map(|()| answer),
-            Ok(Err(_)) => Err(RequestError::Send("the connection closed".into())),
-            Err(_) => {
-                forget();
-                Err(RequestError::Timeout)
-            }
-        }
+        let answer = self.exchange(connection, correlation, payload, properties).await?;
+        self.judge(&answer).map(|()| answer)
     }
 }
 
@@ -259,21 +357,35 @@ pub async fn connect_and_subscribe(
 
 impl Connection {
     async fn open(broker_port: u16, client_id: String) -> anyhow::Result<Connection> {
+        Connection::open_for(broker_port, client_id, None).await
+    }
+
+    /// A connection subscribed to its own response topic, or to `filter` when given (answers on
+    /// any topic it matches are taken).
+    async fn open_for(broker_port: u16, client_id: String, filter: Option<&str>) -> anyhow::Result<Connection> {
         let response_topic = response_topic(&client_id);
-        let (client, eventloop) = connect_and_subscribe(&client_id, broker_port, &response_topic).await?;
+        let subscription = filter.map_or_else(|| response_topic.clone(), str::to_string);
+        let (client, eventloop) = connect_and_subscribe(&client_id, broker_port, &subscription).await?;
         let waiting = Waiting::default();
-        let reader = tokio::spawn(read_responses(eventloop, client.clone(), response_topic.clone(), waiting.clone()));
+        let reader = tokio::spawn(read_responses(eventloop, client.clone(), subscription, waiting.clone()));
         Ok(Connection { client, client_id, response_topic, waiting, reader })
     }
 }
 
 /// Hands each response to its waiting request; subscribes again after a reconnection (the
-/// session is clean).
+/// session is clean). `response_topic` is the subscription: a topic, or [`MANY_FILTER`].
 async fn read_responses(mut eventloop: EventLoop, client: AsyncClient, response_topic: String, waiting: Waiting) {
+    let many = response_topic == MANY_FILTER;
     loop {
         match eventloop.poll().await {
             Ok(Event::Incoming(Packet::Publish(publish))) => {
-                if publish.topic.as_ref() != response_topic.as_bytes() {
+                let topic = publish.topic.as_ref();
+                let taken = if many {
+                    topic.starts_with(b"clients/") && topic.ends_with(b"/flood")
+                } else {
+                    topic == response_topic.as_bytes()
+                };
+                if !taken {
                     continue;
                 }
                 let properties = publish.properties.unwrap_or_default();

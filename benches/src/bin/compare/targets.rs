@@ -1,7 +1,8 @@
 //! The things compared, started and stopped the same way: `echo` (the broker alone),
-//! `cluster` (three state store nodes), `etcd` (three etcd members, over gRPC; `etcd-json`: the
-//! same through the JSON gateway) and `nats` (three NATS servers with a replicated key-value
-//! bucket). Each target gets a fresh
+//! `cluster` (three state store nodes with a cluster secret), `cluster-open` (the same without
+//! one, `--insecure-no-auth`), `cluster-tls` (the secret and TLS between the nodes), `etcd`
+//! (three etcd members, over gRPC; `etcd-json`: the same through the JSON gateway) and `nats`
+//! (three NATS servers with a replicated key-value bucket). Each target gets a fresh
 //! broker (MQTT targets), fresh data directories and fresh client connections.
 
 use std::collections::BTreeMap;
@@ -28,14 +29,26 @@ pub enum TargetKind {
     /// show what the gateway's translation costs.
     EtcdJson,
     Nats,
+    /// The cluster without a cluster secret (`--insecure-no-auth`): only named, never a default.
+    ClusterOpen,
+    /// The cluster with its secret and TLS between the nodes: only named, never a default.
+    ClusterTls,
 }
 
 impl TargetKind {
     /// The targets measured unless `--targets` says otherwise.
     pub const ALL: [TargetKind; 4] = [TargetKind::Echo, TargetKind::Cluster, TargetKind::Etcd, TargetKind::Nats];
-    /// Every target, in the order tables list them.
-    pub const EVERY: [TargetKind; 5] =
-        [TargetKind::Echo, TargetKind::Cluster, TargetKind::Etcd, TargetKind::EtcdJson, TargetKind::Nats];
+    /// Every kind, `cluster-open`, `cluster-tls` and `etcd-json` (named only) included, in the
+    /// order tables list them.
+    pub const EVERY: [TargetKind; 7] = [
+        TargetKind::Echo,
+        TargetKind::Cluster,
+        TargetKind::ClusterOpen,
+        TargetKind::ClusterTls,
+        TargetKind::Etcd,
+        TargetKind::EtcdJson,
+        TargetKind::Nats,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -44,6 +57,8 @@ impl TargetKind {
             TargetKind::Etcd => "etcd",
             TargetKind::EtcdJson => "etcd-json",
             TargetKind::Nats => "nats",
+            TargetKind::ClusterOpen => "cluster-open",
+            TargetKind::ClusterTls => "cluster-tls",
         }
     }
 
@@ -58,7 +73,11 @@ impl TargetKind {
     pub fn reads(self) -> &'static [Op] {
         match self {
             TargetKind::Etcd | TargetKind::EtcdJson => &[Op::Get, Op::GetLocal],
-            TargetKind::Echo | TargetKind::Cluster | TargetKind::Nats => &[Op::Get],
+            TargetKind::Echo
+            | TargetKind::Cluster
+            | TargetKind::ClusterOpen
+            | TargetKind::ClusterTls
+            | TargetKind::Nats => &[Op::Get],
         }
     }
 }
@@ -143,14 +162,19 @@ impl Target {
                     broker: Some(broker),
                 })
             }
-            TargetKind::Cluster => {
+            TargetKind::Cluster | TargetKind::ClusterOpen | TargetKind::ClusterTls => {
+                let auth = match kind {
+                    TargetKind::ClusterOpen => cluster::Auth::Open,
+                    TargetKind::ClusterTls => cluster::Auth::Tls,
+                    _ => cluster::Auth::Secret,
+                };
                 let broker = broker::start(&setup.mosquitto, &dir, &setup.logs).await?;
                 let ports = cluster::free_ports();
                 let by_id: BTreeMap<u64, u16> = ports.iter().enumerate().map(|(i, p)| (i as u64 + 1, *p)).collect();
                 let proxies = if partitionable { Some(ProxyMesh::start(&by_id).await?) } else { None };
                 let routes = by_id.keys().map(|id| proxies.as_ref().map(|mesh| mesh.routes_of(*id))).collect();
                 let nodes =
-                    StatestoreCluster::start(&setup.nodes_binary, broker.port, &ports, routes, &dir, &setup.logs)
+                    StatestoreCluster::start(&setup.nodes_binary, broker.port, &ports, routes, &dir, &setup.logs, auth)
                         .await?;
                 let client = MqttLoad::connect(broker.port, slots, setup.request).await?;
                 Ok(Target {
@@ -197,6 +221,16 @@ impl Target {
                 })
             }
         }
+    }
+
+    /// The port of the target's broker (MQTT targets).
+    pub fn broker_port(&self) -> Option<u16> {
+        self.broker.as_ref().map(|broker| broker.port)
+    }
+
+    /// The process id of the target's broker (MQTT targets).
+    pub fn broker_pid(&self) -> Option<u32> {
+        self.broker.as_ref().map(|broker| broker.process.pid())
     }
 
     /// Every process whose CPU counts for this target, the load generator ("bench") first.

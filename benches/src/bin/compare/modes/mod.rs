@@ -2,6 +2,7 @@
 //! summary printed at the end) and the measurement of one window of load on one target.
 
 mod fill;
+mod floods;
 mod partition;
 mod rate;
 mod scorecard;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use fill::{fill, FillFigures, Plan as FillPlan};
+pub use floods::{floods, Flood, Plan as FloodsPlan};
 pub use partition::{partition, PartitionFigures};
 pub use rate::{rate, RateFigures};
 pub use scorecard::{scorecard, Plan as ScorecardPlan};

@@ -219,8 +219,17 @@ fn find(points: &[Point], round: usize, kind: TargetKind, inflight: usize) -> Op
 }
 
 /// The targets the cluster's throughput is compared with, in the ratio tables' column order
-/// (`etcd-json` only when it was measured).
-const RATIO_TARGETS: [TargetKind; 4] = [TargetKind::Etcd, TargetKind::EtcdJson, TargetKind::Echo, TargetKind::Nats];
+/// (`etcd-json` only when it was measured). `cluster-open` is the same nodes without the cluster
+/// secret, `cluster-tls` with TLS between them as well: their columns are what the secret saves
+/// or TLS costs (1.0 when nothing).
+const RATIO_TARGETS: [TargetKind; 6] = [
+    TargetKind::Etcd,
+    TargetKind::EtcdJson,
+    TargetKind::Echo,
+    TargetKind::Nats,
+    TargetKind::ClusterOpen,
+    TargetKind::ClusterTls,
+];
 
 /// The cluster's ops/s over `other`'s at `inflight` in `round`.
 fn ops_ratio(points: &[Point], round: usize, other: TargetKind, inflight: usize) -> Option<f64> {
