@@ -96,11 +96,7 @@ fn check_certificate(node: &Node, from: Option<u64>, certificate: &ClientCertifi
             }
         }
     };
-    checked.inspect_err(|why| {
-        if warn_now() {
-            tracing::warn!(why, "refused a Raft request");
-        }
-    })
+    checked.inspect_err(|why| log_refusal(why))
 }
 
 /// The host of a member's address (`https://node-2:7401` → `node-2`; an IPv6 address without
@@ -123,11 +119,14 @@ fn check_sender(node: &Node, from: Option<u64>, wall_clock_ms: Option<u64>, clai
     if let Some(wall_clock_ms) = wall_clock_ms {
         node.clock_check.clocks.observe(from, wall_clock_ms);
     }
-    node.identity.check(from, claims).inspect_err(|why| {
-        if warn_now() {
-            tracing::warn!(why, "refused a Raft request");
-        }
-    })
+    node.identity.check(from, claims).inspect_err(|why| log_refusal(why))
+}
+
+/// Logs why a Raft request was refused, at most once per [`REFUSAL_LOG_EVERY`].
+fn log_refusal(why: &str) {
+    if warn_now() {
+        tracing::warn!(why, "refused a Raft request");
+    }
 }
 
 /// True at most once per [`REFUSAL_LOG_EVERY`]: a refused peer retries every heartbeat.
